@@ -1,0 +1,240 @@
+"""Command line: ``labkit plan`` (the pipeline at a glance, per stage and per rank) and ``labkit check`` (verl's
+verdict on a config). Pure arithmetic, no processes. Run as ``labkit ...`` or ``python -m labkit.cli ...``.
+
+Exit codes: 0 fine, 1 verl would fail on this config (``check``), 2 labkit cannot read the input (unknown key,
+wrong type, malformed YAML, bad --lengths); never a traceback for those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from labkit.config import ConfigError, load_config
+from labkit.lengths import LengthsError, parse_lengths
+from labkit.trace import RankRecord, StepTrace
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="labkit", description="verl Batch Lab: plan and check verl batch configs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, doc in (("plan", "what every rank holds at every stage of one training step"),
+                      ("check", "verl's verdict on a config: exact error, when, the arithmetic, the fixes")):
+        s = sub.add_parser(name, help=doc, description=doc)
+        s.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                       help="optional verl-style YAML, then Hydra-style overrides (key=value, ~key)")
+        s.add_argument("--profile", choices=("legacy", "engine"), default="engine",
+                       help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)")
+        if name == "plan":
+            s.add_argument("--json", action="store_true", help="print StepTrace.to_json() instead of tables")
+            s.add_argument("--lengths", default=None,
+                           help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,...")
+            s.add_argument("--dispatch", choices=("mesh", "all_gather"), default="mesh",
+                           help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather")
+            s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
+    return p
+
+
+def _config(args: Sequence[str], profile: str):
+    """Split positional args into an optional YAML path and overrides, then load (ConfigError on bad input)."""
+    path, overrides = None, list(args)
+    if overrides and "=" not in overrides[0] and not overrides[0].startswith(("~", "+")):
+        path = overrides.pop(0)
+        if not Path(path).is_file():
+            raise ConfigError(f"{path}: no such config file (overrides are key=value).")
+    return load_config(path, overrides, profile=profile)
+
+
+def _span(values: list) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "—"
+    lo, hi = min(vals), max(vals)
+    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+
+
+def _rank_key(r: RankRecord) -> tuple:
+    return (r.rows, r.tokens, r.padded_tokens, tuple(m.rows for m in r.micro_batches),
+            tuple(m.tokens for m in r.micro_batches), tuple(r.mini_batches), tuple(sorted(r.collectives.items())),
+            r.tp_rank if r.stage == "generate" else None)
+
+
+def _rank_groups(recs: list[RankRecord]) -> list[list[RankRecord]]:
+    """Runs of consecutive ranks whose records are identical (apart from their mesh coordinates)."""
+    out: list[list[RankRecord]] = []
+    for r in recs:
+        if out and _rank_key(out[-1][-1]) == _rank_key(r) and out[-1][-1].rank == r.rank - 1:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def _coord(values: list) -> str:
+    vals = sorted({v for v in values if v is not None})
+    if not vals:
+        return "·"
+    return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
+
+
+def _micro_text(r: RankRecord) -> str:
+    if not r.micro_batches:
+        return "—"
+    rows = [m.rows for m in r.micro_batches]
+    head = f"{len(rows)} micro-batches × {_span(rows)} rows"
+    toks = [m.tokens for m in r.micro_batches]
+    if all(t is not None for t in toks):
+        head += f", {_span(toks)} tokens each"
+    return head
+
+
+def stage_table(tr: StepTrace) -> Table:
+    """One row per stage: global count, per-rank rows, micro-batches per rank, tokens per rank, the rule."""
+    t = Table(title=f"Pipeline at a glance ({tr.profile} profile)", show_lines=False)
+    for col, just in (("#", "right"), ("stage", "left"), ("global", "right"), ("per rank", "right"),
+                      ("micro-batches / rank", "right"), ("tokens / rank", "right"), ("rule", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for i, s in enumerate(tr.stages, 1):
+        recs = tr.at(s.name)
+        per = "—" if s.per_rank_rows is None else f"{s.per_rank_rows:,} {'rows' if s.unit == 'samples' else s.unit}"
+        micro = _span([r.n_micro for r in recs]) if any(r.micro_batches for r in recs) else "—"
+        toks = _span([r.tokens for r in recs]) if recs else "—"
+        rule = s.formula + (f"  [{s.note}]" if s.note.startswith("verl stops") else "")
+        style = "red" if s.note.startswith("verl stops") else None
+        t.add_row(str(i), s.name, f"{s.global_rows:,} {s.unit}", per, micro, toks, escape(rule), style=style)
+    return t
+
+
+def rank_table(tr: StepTrace) -> Table:
+    """Per-rank rows per stage, consecutive identical ranks grouped."""
+    t = Table(title="Per rank (identical consecutive ranks grouped)")
+    for col, just in (("stage", "left"), ("ranks", "left"), ("dp/tp/sp", "left"), ("rows", "right"),
+                      ("tokens", "right"), ("micro-batches", "left"), ("mini-batches (rows)", "left"),
+                      ("collectives", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for s in tr.stages:
+        for group in _rank_groups(tr.at(s.name)):
+            r = group[0]
+            ranks = _coord([g.rank for g in group])
+            coords = "/".join(_coord([getattr(g, f) for g in group]) for f in ("dp_rank", "tp_rank", "sp_rank"))
+            coll = ", ".join(f"{k}×{v}" for k, v in r.collectives.items()) or "—"
+            mini = ", ".join(str(x) for x in r.mini_batches) or "—"
+            t.add_row(s.name, ranks, coords, f"{r.rows:,}", "—" if r.tokens is None else f"{r.tokens:,}",
+                      _micro_text(r), mini, escape(coll))
+    return t
+
+
+def summary_table(tr: StepTrace) -> Table:
+    """The key numbers and the verdict."""
+    s = tr.summary
+    t = Table(title="Summary", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", overflow="fold")
+    rows: list[tuple[str, Any]] = [
+        ("GPUs W / actor DP D / Ulysses sp", f"{s.get('W')} / {s.get('D')} / {s.get('sp')}"),
+        ("rollout tp / replicas R / agent workers A", f"{s.get('tp')} / {s.get('R')} / {s.get('A')}"),
+        ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('samples')} samples"),
+        ("normalized mini-batch (rows per rank)", s.get("mini_normalized")),
+        ("mini-batches per epoch (rows)", f"{s.get('mini_batches_per_epoch')} {s.get('mini_batches')}"),
+        ("gradient accumulation (micro-batches per mini-batch)", s.get("ga") if s.get("ga") is not None else "dynamic"),
+        ("optimizer steps per training step", s.get("optimizer_steps_per_step")),
+        ("log-prob micro-batches per rank", s.get("log_prob_micro_batches_per_rank")),
+        ("loss scale per micro-batch", s.get("loss_scale")),
+    ]
+    if "tokens" in s:
+        tok = s["tokens"]
+        rows.append(("tokens total (padded width total)", f"{tok['total']:,} ({tok['padded_total']:,})"))
+        if "per_dp_rank_min" in tok:
+            span = f"{tok['per_dp_rank_min']:,}–{tok['per_dp_rank_max']:,}"
+            rows.append(("tokens per DP rank after balance", span))
+    for k, v in (s.get("global_seqlen") or {}).items():
+        rows.append((k, f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"))
+    for stage, err in (s.get("stage_errors") or {}).items():
+        rows.append((f"[red]verl stops at {stage}[/red]", f"{err['code']} {err['exc_type']}: {err['message']}"))
+    first = s.get("first_error")
+    if first:
+        rows.append(("[red]validate[/red]", f"{first.get('code')} {first.get('exc_type')}: {first.get('message')}"))
+    elif s.get("validate_ok"):
+        rows.append(("validate", "[green]verl accepts this config[/green]"))
+    for k, v in rows:
+        t.add_row(k, "—" if v is None else (v if isinstance(v, str) and v.startswith("[green]") else escape(str(v))))
+    return t
+
+
+def _console() -> Console:
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False, soft_wrap=False)
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from labkit.plan import plan
+
+    cfg = _config(ns.args, ns.profile)
+    lengths = parse_lengths(ns.lengths) if ns.lengths else None
+    tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
+    if ns.json:
+        print(tr.to_json())
+        return 0
+    con = _console()
+    con.print(stage_table(tr))
+    con.print(rank_table(tr))
+    con.print(summary_table(tr))
+    return 0
+
+
+def _print_finding(con: Console, f: Any) -> None:
+    g = (lambda k: f.get(k)) if isinstance(f, dict) else (lambda k: getattr(f, k, None))
+    head = escape(str(g("exc_type")))
+    con.print(f"[bold red]{head}[/bold red] ({escape(str(g('code')))}): {escape(str(g('message')))}")
+    con.print(f"  when:  {g('when')}   where: {g('where')}", markup=False)
+    for line in g("arithmetic") or []:
+        con.print(f"  {line}", markup=False)
+    if g("explanation"):
+        con.print(f"  why:   {g('explanation')}", markup=False)
+    for fix in g("fixes") or []:
+        con.print(f"  fix:   {fix}", markup=False)
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from labkit.plan import plan
+
+    cfg = _config(ns.args, ns.profile)
+    from labkit.validate import check
+
+    report = check(cfg)
+    con = _console()
+    first = report.first_error
+    if first is not None:
+        con.print(f"verl rejects this config ({cfg.profile} profile):")
+        _print_finding(con, first)
+        return 1
+    errors = plan(cfg).summary.get("stage_errors") or {}
+    if errors:
+        con.print(f"verl accepts the config, then stops during the first step ({cfg.profile} profile):")
+        for stage, err in errors.items():
+            con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
+        return 1
+    con.print(f"[green]verl accepts this config[/green] ({cfg.profile} profile).")
+    for f in report.findings:
+        if getattr(f, "severity", "") != "error":
+            con.print(f"  note ({getattr(f, 'severity', '')}): {getattr(f, 'code', '')} {getattr(f, 'message', '')}",
+                      markup=False)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``labkit`` script; returns the exit code."""
+    ns = _parser().parse_args(argv)
+    try:
+        return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
+    except (ConfigError, LengthsError) as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Rank processes: the in-rank host (env, process group, worker, calls, status) and the local-process launcher.
+
+The local launcher is the fallback where Ray is absent (the GPU box): torch.multiprocessing spawn, one command pipe and
+one status pipe per rank, payloads pickled with plain `pickle` (never ForkingPickler, whose shared-memory tensors can
+hang the parent: environment-facts.md §2). Mirrors the role of verl/single_controller/ray/base.py: RayWorkerGroup."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+import traceback
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from labkit import dist
+from labkit.dispatch import first_batch_arg, rows_tokens
+
+CALL_QUERY = "_lk_query"  # built-in: a rank's registered dispatch info (dp_rank / is_collect) for a mesh
+
+
+def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]:
+    """A rank's exception as plain data: type, message, remote traceback text, collective if any."""
+    env = {"ok": False, "rank": rank, "method": method, "exc_type": type(exc).__name__, "message": str(exc),
+           "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), "pid": os.getpid()}
+    if isinstance(exc, dist.CollectiveTimeout):
+        env["collective"] = {"collective": exc.collective, "group": exc.group_ranks, "elapsed_s": exc.elapsed_s,
+                             "timeout_s": exc.timeout_s}
+    return env
+
+
+class RankHost:
+    """One rank: sets env, joins the process group, builds the worker, runs calls, reports status and teardown."""
+
+    def __init__(self, worker_cls: type, rank: int, world_size: int, master_port: int, init_kwargs: dict,
+                 env: dict[str, str], backend: str, device_kind: str, collective_timeout_s: float,
+                 rendezvous_timeout_s: float = 300.0) -> None:
+        self.rank, self.pid = rank, os.getpid()
+        self.worker: Any = None
+        self.error: dict | None = None
+        self.current: str | None = None
+        try:
+            os.environ.update({k: str(v) for k, v in (env or {}).items()})
+            import torch
+
+            torch.set_num_threads(1)
+            dist.init_dist(rank, world_size, master_port, backend=backend, device_kind=device_kind,
+                           timeout_s=collective_timeout_s, rendezvous_timeout_s=rendezvous_timeout_s)
+            self.current = "__init__"
+            self.worker = worker_cls(**(init_kwargs or {}))
+        except BaseException as exc:  # reported through ready(); the driver closes the group
+            self.error = error_envelope(rank, "__init__", exc)
+        finally:
+            self.current = None
+
+    def ready(self) -> dict[str, Any]:
+        """{"ok", "rank", "pid"} or the constructor's error envelope."""
+        return self.error or {"ok": True, "rank": self.rank, "pid": self.pid}
+
+    def call(self, method: str, args: tuple, kwargs: dict, gather_group: str | None = None,
+             mesh_name: str | None = None) -> dict[str, Any]:
+        """Run one method; returns {"ok", "value", "record"} or an error envelope (never raises)."""
+        self.current = method
+        try:
+            if self.error is not None:
+                raise RuntimeError(f"rank {self.rank} failed in __init__: {self.error['message']}")
+            if method == CALL_QUERY:
+                return {"ok": True, "rank": self.rank, "value": self.worker._lk_query(*args), "record": None}
+            return self._call(method, args, kwargs, gather_group, mesh_name)
+        except BaseException as exc:
+            return error_envelope(self.rank, method, exc)
+        finally:
+            self.current = None
+
+    def _call(self, method: str, args: tuple, kwargs: dict, gather_group: str | None,
+              mesh_name: str | None) -> dict[str, Any]:
+        from labkit.protocol import DataProto
+
+        before = dist.collective_counts()
+        t0 = time.perf_counter()
+        recv_rows, recv_tokens = rows_tokens(first_batch_arg(args, kwargs))
+        coords = self.worker.rank_coords(mesh_name)
+        group = None
+        if gather_group is not None:
+            if gather_group not in self.worker._lk_groups:
+                raise KeyError(f"rank {self.rank}: no process group named {gather_group!r} registered by "
+                               f"{type(self.worker).__name__} (register_group)")
+            group, coord, group_mesh = self.worker._lk_groups[gather_group]
+            coords = self.worker.rank_coords(group_mesh)
+            coords[coord] = dist.group_rank(group)
+            args = tuple(dist.all_gather_data_proto(a, group) if isinstance(a, DataProto) else a for a in args)
+            kwargs = {k: dist.all_gather_data_proto(v, group) if isinstance(v, DataProto) else v
+                      for k, v in kwargs.items()}
+        rows, tokens = rows_tokens(first_batch_arg(args, kwargs))
+        value = getattr(self.worker, method)(*args, **kwargs)
+        if group is not None and isinstance(value, DataProto):
+            value = value.chunk(dist.group_size(group))[dist.group_rank(group)]
+        out_rows, out_tokens = rows_tokens(value)
+        after = dist.collective_counts()
+        record = {"rows": rows, "tokens": tokens, "recv_rows": recv_rows, "recv_tokens": recv_tokens,
+                  "out_rows": out_rows, "out_tokens": out_tokens, "elapsed_s": time.perf_counter() - t0,
+                  "collectives": {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)},
+                  **coords}
+        return {"ok": True, "rank": self.rank, "value": value, "record": record}
+
+    def status(self) -> dict[str, Any]:
+        """What the rank is doing now: method and in-flight collective (answered while a call blocks)."""
+        return {"rank": self.rank, "pid": self.pid, "method": self.current, "inflight": dist.inflight()}
+
+    def shutdown(self) -> dict[str, Any]:
+        """Destroy the process group; reports whether none is left."""
+        try:
+            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": dist.teardown()}
+        except BaseException as exc:
+            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": False, "error": repr(exc)}
+
+
+# ---- local processes ----------------------------------------------------------------------------------------------
+def _send(conn: Any, obj: Any) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Any) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _serve_status(conn: Any, host: RankHost) -> None:
+    try:
+        while True:
+            conn.recv_bytes()
+            _send(conn, host.status())
+    except (EOFError, OSError):
+        return
+
+
+def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict) -> None:
+    """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes."""
+    host = RankHost(**host_kwargs)
+    threading.Thread(target=_serve_status, args=(status_conn, host), daemon=True).start()
+    _send(conn, ("ready", host.ready()))
+    while True:
+        try:
+            msg = _recv(conn)
+        except (EOFError, OSError):
+            break
+        if msg[0] == "call":
+            _, call_id, method, args, kwargs, opts = msg
+            _send(conn, ("result", call_id, host.call(method, args, kwargs, **opts)))
+        elif msg[0] == "shutdown":
+            _send(conn, ("bye", host.shutdown()))
+            break
+    host.shutdown()
+
+
+class LocalLauncher:
+    """W spawned processes on this machine; same interface as RayLauncher."""
+
+    name = "local"
+
+    def __init__(self, world_size: int, host_kwargs: list[dict]) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.procs, self.conns, self.status_conns = [], [], []
+        self._results: dict[int, dict[int, dict]] = {}
+        self._next_id = 0
+        for rank in range(world_size):
+            parent, child = ctx.Pipe(duplex=True)
+            sparent, schild = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=local_rank_main, args=(child, schild, host_kwargs[rank]),
+                               name=f"labkit-rank{rank}", daemon=True)
+            proc.start()
+            child.close()
+            schild.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+            self.status_conns.append(sparent)
+        self.pids = [p.pid for p in self.procs]
+
+    def wait_ready(self, timeout_s: float) -> dict[int, dict]:
+        """Ready envelopes by rank (a rank that died or stayed silent gets an error envelope)."""
+        out: dict[int, dict] = {}
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while len(out) < self.world_size and time.monotonic() < deadline:
+            for rank, env in self._drain(0.2).items():
+                out.setdefault(rank, env)
+            if any(not e["ok"] for e in out.values()):
+                break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
+        for rank in range(self.world_size):
+            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "TimeoutError",
+                                  "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
+                                             f"(start_timeout_s={timeout_s:g})", "traceback": ""})
+        return out
+
+    def _dead_envelope(self, rank: int, method: str) -> dict:
+        code = self.procs[rank].exitcode
+        return {"ok": False, "rank": rank, "method": method, "exc_type": "RankDied", "died": True,
+                "message": f"rank {rank} (pid {self.pids[rank]}) exited with code {code}", "traceback": ""}
+
+    def _drain(self, timeout: float) -> dict[int, dict]:
+        """Read every message available within `timeout`; results are filed by call id, ready/death returned."""
+        ready: dict[int, dict] = {}
+        live = {c: r for r, c in enumerate(self.conns) if not c.closed}
+        sentinels = {self.procs[r].sentinel: r for r in live.values()}
+        for obj in mp_wait(list(live) + list(sentinels), timeout):
+            if obj in sentinels:
+                continue
+            rank = live[obj]
+            try:
+                msg = _recv(obj)
+            except (EOFError, OSError):
+                obj.close()
+                continue
+            if msg[0] == "ready":
+                ready[rank] = msg[1]
+            elif msg[0] == "result":
+                self._results.setdefault(msg[1], {})[rank] = msg[2]
+        for rank, proc in enumerate(self.procs):
+            if not proc.is_alive() and rank not in ready:
+                ready[rank] = self._dead_envelope(rank, "__init__")
+        return ready
+
+    def submit(self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict],
+               opts: dict) -> tuple[int, list[int]]:
+        call_id = self._next_id = self._next_id + 1
+        for rank in ranks:
+            _send(self.conns[rank], ("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts))
+        return call_id, list(ranks)
+
+    def poll(self, handle: tuple[int, list[int]], timeout: float) -> dict[int, dict]:
+        """Envelopes of `handle` that have arrived (a dead rank's envelope says so)."""
+        call_id, ranks = handle
+        self._drain(timeout)
+        got = self._results.get(call_id, {})
+        for rank in ranks:
+            if rank not in got and not self.procs[rank].is_alive():
+                self._drain(0)  # a last message may still be in the pipe
+                got.setdefault(rank, self._dead_envelope(rank, "call"))
+        if len(got) == len(ranks):
+            self._results.pop(call_id, None)
+        return dict(got)
+
+    def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:
+        out: dict[int, dict | None] = {}
+        for rank in ranks:
+            conn = self.status_conns[rank]
+            try:
+                conn.send_bytes(b"?")
+                out[rank] = _recv(conn) if conn.poll(timeout) else None
+            except (EOFError, OSError, BrokenPipeError):
+                out[rank] = None
+        return out
+
+    def close(self, graceful_s: float = 3.0) -> list[dict]:
+        """Ask every rank to destroy its process group, then terminate/kill whatever is still alive."""
+        reports: dict[int, dict] = {}
+        for rank, conn in enumerate(self.conns):
+            try:
+                if self.procs[rank].is_alive():
+                    _send(conn, ("shutdown",))
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + graceful_s
+        for rank, conn in enumerate(self.conns):
+            while rank not in reports and self.procs[rank].is_alive() and time.monotonic() < deadline:
+                try:
+                    if conn.poll(0.05):
+                        msg = _recv(conn)
+                        if msg[0] == "bye":
+                            reports[rank] = msg[1]
+                except (EOFError, OSError):
+                    break
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for conn in self.conns + self.status_conns:
+            conn.close()
+        return [reports.get(r, {"rank": r, "pid": self.pids[r], "pg_destroyed": None, "killed": True})
+                for r in range(self.world_size)]

@@ -1,0 +1,113 @@
+"""Micro-batches of one DP rank's rows for the planner: static (legacy ``split``, engine ``chunk``) or dynamic
+(token budget, micro-batch count synced over the DP group), with tokens, padded tokens and workload per micro-batch.
+
+Mirrors verl/workers/actor/dp_actor.py (legacy ``split``/``prepare_dynamic_batch``) and verl/workers/engine/utils.py:
+prepare_micro_batches (engine); the dynamic partition itself comes from ``labkit.microbatch``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any, Sequence
+
+from labkit import microbatch
+from labkit.plan_ctx import Ctx, StageFailure, ulysses_padded
+from labkit.trace import MicroBatchRecord
+
+_CODES = (("max_token_len must be", "E31"), ("Batch size", "E33"), ("A forced group", "E34"),
+          ("Cannot satisfy", "E35"), ("number of items", "E36"), ("partition is empty", "E37"),
+          ("max_token_len_per_gpu must be set", "dyn"), ("data size must be divisible", "E30"),
+          ("expecting td with length", "E27"))
+
+
+def failure_from(exc: BaseException) -> StageFailure:
+    """Wrap an AssertionError/ValueError raised by a labkit mirror of verl into a StageFailure with its E-code."""
+    msg = str(exc)
+    code = next((c for prefix, c in _CODES if prefix in msg), "E32" if not msg else "?")
+    return StageFailure(code, type(exc).__name__, msg)
+
+
+def static_partitions(rows: int, m: int, profile: str) -> list[list[int]]:
+    """Static micro-batches as local index lists: legacy ``DataProto.split(m)`` (ragged last), engine chunk (E30)."""
+    try:
+        return _static(rows, m, profile)
+    except AssertionError as exc:
+        raise failure_from(exc) from None
+
+
+@lru_cache(maxsize=256)
+def _static(rows: int, m: int, profile: str) -> list[list[int]]:
+    return microbatch.static_micro_batches(rows, m, profile=profile)
+
+
+def dynamic_partitions(
+    ctx: Ctx, per_rank: Sequence[Sequence[int]], budget: int
+) -> tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]:
+    """Dynamic micro-batches of every DP rank at once (count synced by MAX): per rank (local index lists, tokens,
+    workloads), and the sync collectives each rank issues (names from ``plan_ctx.COLLECTIVES``).
+    """
+    key = ("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank))
+    hit = ctx.cache.get(key)
+    if hit is not None:
+        return hit
+    lens = [[ctx.lengths[i] for i in idx] for idx in per_rank]
+    try:
+        plans = microbatch.plan_dp_micro_batches(
+            lens, budget, profile=ctx.profile, max_seq_len=ctx.width if ctx.profile == "legacy" else None)
+    except (AssertionError, ValueError) as exc:
+        fail = failure_from(exc)
+        if fail.code == "E31" and ctx.profile == "engine":
+            # every DP rank whose longest row exceeds the budget raises; show the rank holding the longest row.
+            # verl takes max() over a 1-D tensor, so the value prints as a 0-d tensor
+            longest = max(max(x) for x in lens)
+            fail.message = re.sub(r"max_seq_len=\S+$", f"max_seq_len=tensor({longest})", fail.message)
+        raise fail from None
+    # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
+    coll = {"all_reduce(max):num_micro_batches": 1}
+    if ctx.profile == "engine":
+        coll["all_reduce(max):group_stats"] = 1
+        coll["all_reduce(min):within_limit"] = plans[0].attempts
+    out = ([(p.indices, p.tokens, p.workloads) for p in plans], coll)
+    ctx.cache[key] = out
+    return out
+
+
+def micro_records(
+    ctx: Ctx, idx: Sequence[int], parts: Any, sp: int, rmpad: bool
+) -> tuple[list[MicroBatchRecord], list[int] | None]:
+    """MicroBatchRecords for the rank's rows ``idx`` cut into ``parts`` (local positions, or the dynamic triple
+    (positions, tokens, workloads)), plus the tokens each SP rank holds per micro-batch.
+
+    padded_tokens: rmpad off → rows × (prompt_length + response_length); rmpad on → real tokens + Ulysses pad to a
+    multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch.
+    """
+    key = ("rec", id(parts), tuple(idx[:1]), len(idx), sp, rmpad)
+    hit = ctx.cache.get(key)
+    if hit is not None and hit[0] is parts:
+        return hit[1]
+    orig = parts
+    if isinstance(parts, tuple):
+        parts, toks, wls = parts
+    else:
+        toks = wls = None
+    recs, per_sp = [], []
+    lens, width = ctx.lengths, ctx.width
+    for k, part in enumerate(parts):
+        ids = [idx[j] for j in part]
+        if lens is None:
+            tok = wl = None
+        elif toks is not None:
+            tok, wl = toks[k], float(wls[k])
+        else:
+            tok = sum(map(lens.__getitem__, ids))
+            wl = float(sum(map(ctx.workloads.__getitem__, ids)))
+        if not rmpad:
+            padded = len(ids) * width
+        else:
+            padded = None if tok is None else ulysses_padded(tok, sp)
+        recs.append(MicroBatchRecord(len(ids), tok, padded, wl, ids))
+        per_sp.append(None if padded is None else padded // sp)
+    out = recs, (None if None in per_sp else per_sp)
+    ctx.cache[key] = (orig, out)  # holding orig keeps id(orig) from being reused
+    return out

@@ -1,0 +1,122 @@
+"""Which config keys drive each forward/update stage, per profile: mesh (Ulysses sp → D), dynamic flag, token
+budget, micro size, remove-padding. Kept apart from the stage arithmetic because the two profiles read different keys.
+
+Legacy (verl ≤ 0.8 ``fsdp_workers.py``): log-prob keys from ``rollout.*`` / ``ref.*`` on the actor's Ulysses mesh,
+critic keys from ``critic.*``; deprecated global micro sizes are floor-divided by W//sp. Engine (0.9.1
+``engine_workers.py``): rows are always packed (``left_right_2_no_padding``); the actor's ``use_dynamic_bsz`` drives
+old log-prob; the critic engine is dynamic on its own sp=1 mesh with ``ppo_infer_max_token_len_per_gpu`` (32768,
+not exposed by labkit) for values (``RayPPOTrainer.init_workers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.plan_ctx import ARR, Ctx, mesh_failure
+
+ENGINE_CRITIC_INFER_BUDGET = 32768  # verl 0.9.1 CriticConfig.ppo_infer_max_token_len_per_gpu default
+
+WHERE = {
+    "old_log_prob": "ActorRolloutRefWorker.compute_log_prob → DataParallelPPOActor.compute_log_prob",
+    "ref_log_prob": "ActorRolloutRefWorker.compute_ref_log_prob → DataParallelPPOActor.compute_log_prob",
+    "values": "verl/workers/fsdp_workers.py: CriticWorker.compute_values",
+    "update_actor": "verl/workers/actor/dp_actor.py: DataParallelPPOActor.update_policy",
+    "update_critic": "verl/workers/critic/dp_critic.py: DataParallelPPOCritic.update_critic",
+}
+WHERE_ENGINE = {
+    "old_log_prob": "RayPPOTrainer._compute_old_log_prob → TrainingWorker.infer_batch → prepare_micro_batches",
+    "ref_log_prob": "RayPPOTrainer._compute_ref_log_prob → TrainingWorker.infer_batch → prepare_micro_batches",
+    "values": "RayPPOTrainer._compute_values → TrainingWorker.infer_batch (critic engine)",
+    "update_actor": "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch",
+    "update_critic": "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch (critic engine)",
+}
+TITLES = {"old_log_prob": "old log-prob", "ref_log_prob": "ref log-prob", "values": "values (critic)",
+          "update_actor": "actor update", "update_critic": "critic update"}
+
+
+def _both(section: str, key: str) -> str:
+    return f"[{section}] Please set at least one of '{section}.{key}' or '{section}.{key}_per_gpu'."
+
+
+# verl's messages when no micro size is set and dynamic batching is off (validate_config / ActorConfig / CriticConfig)
+_MISSING = {
+    "old_log_prob": ("E3", "ValueError", _both(f"{ARR}.rollout", "log_prob_micro_batch_size")),
+    "ref_log_prob": ("E3", "ValueError", _both(f"{ARR}.ref", "log_prob_micro_batch_size")),
+    "update_actor": ("E7", "AssertionError", "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+                     "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled."),
+    "values": ("E13", "ValueError", _both("critic", "micro_batch_size")),
+    "update_critic": ("E13", "ValueError", _both("critic", "micro_batch_size")),
+}
+# stage -> (micro, deprecated micro, dynamic flag, budget, sp) keys on the legacy path
+_KEYS = {
+    "old_log_prob": (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.log_prob_micro_batch_size",
+                     f"{ARR}.rollout.log_prob_use_dynamic_bsz", f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+                     f"{ARR}.actor.ulysses_sequence_parallel_size"),
+    "ref_log_prob": (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", f"{ARR}.ref.log_prob_micro_batch_size",
+                     f"{ARR}.ref.log_prob_use_dynamic_bsz", f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+                     f"{ARR}.ref.ulysses_sequence_parallel_size"),
+    "values": ("critic.forward_micro_batch_size_per_gpu", "critic.forward_micro_batch_size", "critic.use_dynamic_bsz",
+               "critic.forward_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"),
+    "update_actor": (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", f"{ARR}.actor.ppo_micro_batch_size",
+                     f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.actor.ppo_max_token_len_per_gpu",
+                     f"{ARR}.actor.ulysses_sequence_parallel_size"),
+    "update_critic": ("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size", "critic.use_dynamic_bsz",
+                      "critic.ppo_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"),
+}
+
+
+@dataclass
+class Params:
+    """What one stage runs with: mesh sp (D = W // sp), budget sp, dynamic flag, budget, micro size, packing."""
+
+    sp: int
+    budget_sp: int
+    dyn: bool
+    budget: int | None
+    micro: int | None
+    rmpad: bool
+    missing: tuple[str, str, str]
+    keys: list[str] = field(default_factory=list)
+    where: str = ""
+    notes: list[str] = field(default_factory=list)
+    D: int = 0
+
+
+def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
+    """Per-GPU micro size; legacy floor-divides the deprecated global key by W//sp.
+
+    Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ (normalization)."""
+    m = ctx.get(key)
+    dep = ctx.get(deprecated)
+    if dep is not None and ctx.profile == "legacy" and not ctx.cfg.is_set(key):
+        m = dep // (ctx.W // sp) or None  # the *_per_gpu twin may interpolate the raw global value
+    return m
+
+
+def params(ctx: Ctx, name: str) -> Params:
+    """Resolve the stage's parameters for ``ctx.profile``; a (dp, sp) mesh that cannot be built raises."""
+    micro_k, dep_k, dyn_k, budget_k, sp_k = _KEYS[name]
+    legacy = ctx.profile == "legacy"
+    critic = name in ("values", "update_critic")
+    notes: list[str] = []
+    sp = budget_sp = ctx.get(sp_k)
+    if legacy and name == "ref_log_prob":  # the ref runs in the actor worker, dispatched on the actor's mesh
+        sp = ctx.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
+    dyn, budget = bool(ctx.get(dyn_k)), ctx.get(budget_k)
+    rmpad = bool(ctx.get("critic.model.use_remove_padding" if critic else f"{ARR}.actor.use_remove_padding"))
+    if not legacy:
+        rmpad = True  # engine workers always receive packed (nested) rows
+        if name == "old_log_prob":
+            dyn = bool(ctx.get(f"{ARR}.actor.use_dynamic_bsz"))
+        if critic:
+            sp = budget_sp = 1
+            dyn = True
+            if name == "values":
+                budget = ENGINE_CRITIC_INFER_BUDGET
+            notes.append("0.9.1 critic engine: dynamic micro-batching on its own sp=1 mesh; critic micro sizes, "
+                         "use_dynamic_bsz and ulysses_sequence_parallel_size are not passed to it")
+    if ctx.W % sp:
+        raise mesh_failure(ctx.W, sp)
+    return Params(sp=sp, budget_sp=budget_sp, dyn=dyn, budget=budget, micro=_micro(ctx, micro_k, dep_k, sp),
+               rmpad=rmpad, missing=_MISSING[name], keys=[micro_k, dyn_k, budget_k, sp_k],
+               where=(WHERE if legacy else WHERE_ENGINE)[name], notes=notes, D=ctx.W // sp)

@@ -1,0 +1,224 @@
+"""Ray launcher: start Ray quietly (or join RAY_ADDRESS), one actor per rank, and take both down again.
+
+Quiet flags from environment-facts.md §4. Two start-up hazards of this machine are handled here: Ray's raylet gives
+its dashboard agent a hard-coded 15 s to start (ray-project/ray#65983), and `import ray` pulls jsonschema, which
+imports rfc3987_syntax when installed (it builds 38 lark parsers: ~3 s CPU per Ray process). Processes labkit starts
+skip that optional module (set LABKIT_RAY_KEEP_RFC3987=1 to keep it); a failed start is reaped and retried once."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+from labkit.launcher import RankHost
+
+QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+_RAY_HOST: Any = None
+_LABKIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ray_available() -> bool:
+    """True when the `ray` package can be imported here."""
+    return importlib.util.find_spec("ray") is not None
+
+
+def _skip_rfc3987() -> bool:
+    return os.environ.get("LABKIT_RAY_KEEP_RFC3987", "0") != "1"
+
+
+def _shim_dir() -> str:
+    """A folder whose rfc3987_syntax.py raises ImportError (jsonschema treats the module as optional)."""
+    path = os.path.join(tempfile.gettempdir(), f"labkit-ray-shim-{os.getuid()}")
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, "rfc3987_syntax.py")
+    if not os.path.exists(target):
+        with open(target + ".tmp", "w") as f:
+            f.write('raise ImportError("skipped by labkit: its import builds 38 lark parsers (~3 s CPU)")\n')
+        os.replace(target + ".tmp", target)
+    return path
+
+
+def import_ray() -> Any:
+    """`import ray` with the quiet env vars set (and, by default, without the slow optional rfc3987_syntax)."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if "ray" in sys.modules:
+        return sys.modules["ray"]
+    guard = _skip_rfc3987() and "rfc3987_syntax" not in sys.modules
+    if guard:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import ray
+    finally:
+        if guard and sys.modules.get("rfc3987_syntax", 0) is None:
+            del sys.modules["rfc3987_syntax"]
+    return ray
+
+
+def _session_pids(session_dir: str) -> list[int]:
+    """PIDs whose command line or open files point into a Ray session folder."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                hit = session_dir.encode() in f.read()
+            if not hit:
+                for fd in os.listdir(f"/proc/{entry}/fd"):
+                    if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(session_dir):
+                        hit = True
+                        break
+        except OSError:
+            continue
+        if hit:
+            pids.append(int(entry))
+    return pids
+
+
+def _reap_failed_start(t_start: float) -> None:
+    """Kill what a failed ray.init of this driver left (agents orphaned when the raylet aborted)."""
+    root = os.path.join(tempfile.gettempdir(), "ray")
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith("session_2") and f"_{os.getpid()}" in name and os.path.getmtime(path) >= t_start - 1:
+            for pid in _session_pids(path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def start_ray(num_cpus: int) -> bool:
+    """Start a quiet local Ray (or join RAY_ADDRESS) unless one is connected; True when this call started it."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        return True
+    paths = ([_shim_dir()] if _skip_rfc3987() else []) + [_LABKIT_ROOT]
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
+    try:
+        for attempt in range(2):
+            t0 = time.time()
+            try:
+                ray.init(num_cpus=num_cpus, object_store_memory=256 * 2**20, **quiet)
+                return True
+            except Exception as exc:  # Ray raises a bare Exception when the raylet dies during start-up
+                if attempt == 1 or "timed out during startup" not in str(exc):
+                    raise
+                ray.shutdown()
+                _reap_failed_start(t0)
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+    return True
+
+
+def stop_ray() -> None:
+    """ray.shutdown() (only called by a worker group that started Ray)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _host_class() -> Any:
+    """RankHost as a Ray actor class; status() runs in its own concurrency group so it answers during a call."""
+    global _RAY_HOST
+    if _RAY_HOST is None:
+        ray = import_ray()
+
+        class RayRankHost(RankHost):
+            @ray.method(concurrency_group="status")
+            def status(self) -> dict[str, Any]:
+                return RankHost.status(self)
+
+        _RAY_HOST = ray.remote(concurrency_groups={"status": 1})(RayRankHost)
+    return _RAY_HOST
+
+
+def _died(rank: int, method: str, exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "rank": rank, "method": method, "exc_type": "RankDied", "died": True,
+            "message": f"rank {rank} actor died: {type(exc).__name__}: {str(exc)[:500]}", "traceback": ""}
+
+
+class RayLauncher:
+    """One Ray actor per rank; same interface as launcher.LocalLauncher."""
+
+    name = "ray"
+
+    def __init__(self, world_size: int, host_kwargs: list[dict], actor_options: dict | None = None) -> None:
+        self.ray = import_ray()
+        self.world_size = world_size
+        options = {"num_cpus": 0, "max_restarts": 0, **(actor_options or {})}
+        self.actors = [_host_class().options(**options).remote(**host_kwargs[r]) for r in range(world_size)]
+        self.pids: list[int | None] = [None] * world_size
+
+    def _gather(self, refs: dict[int, Any], timeout: float, method: str) -> dict[int, dict]:
+        out: dict[int, dict] = {}
+        if not refs:
+            return out
+        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        ready_set = set(ready)
+        for rank, ref in refs.items():
+            if ref in ready_set:
+                try:
+                    out[rank] = self.ray.get(ref)
+                except Exception as exc:  # RayActorError: the process is gone
+                    out[rank] = _died(rank, method, exc)
+        return out
+
+    def wait_ready(self, timeout_s: float) -> dict[int, dict]:
+        refs = {r: a.ready.remote() for r, a in enumerate(self.actors)}
+        out: dict[int, dict] = {}
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while len(out) < self.world_size and time.monotonic() < deadline:
+            out.update(self._gather({r: f for r, f in refs.items() if r not in out}, 0.2, "__init__"))
+            if any(not e["ok"] for e in out.values()):
+                break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
+        for rank in range(self.world_size):
+            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "TimeoutError",
+                                  "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
+                                             f"(start_timeout_s={timeout_s:g})", "traceback": ""})
+            self.pids[rank] = out[rank].get("pid")
+        return out
+
+    def submit(self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict],
+               opts: dict) -> dict[str, Any]:
+        refs = {r: self.actors[r].call.remote(method, per_rank_args[r], per_rank_kwargs[r], **opts) for r in ranks}
+        return {"refs": refs, "done": {}, "method": method}
+
+    def poll(self, handle: dict[str, Any], timeout: float) -> dict[int, dict]:
+        pending = {r: ref for r, ref in handle["refs"].items() if r not in handle["done"]}
+        handle["done"].update(self._gather(pending, timeout, handle["method"]))
+        return dict(handle["done"])
+
+    def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:
+        got = self._gather({r: self.actors[r].status.remote() for r in ranks}, timeout, "status")
+        return {r: (got[r] if r in got and "died" not in got[r] else None) for r in ranks}
+
+    def close(self, graceful_s: float = 3.0) -> list[dict]:
+        """Ask each rank to destroy its process group (behind any running call), then ray.kill every actor."""
+        reports = self._gather({r: a.shutdown.remote() for r, a in enumerate(self.actors)}, graceful_s, "shutdown")
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        return [reports[r] if r in reports and "died" not in reports[r]
+                else {"rank": r, "pid": self.pids[r], "pg_destroyed": None, "killed": True}
+                for r in range(self.world_size)]

@@ -1,0 +1,117 @@
+"""The tiny synthetic task: puzzles on strings of distinct digits whose answers vary in length, and their rule reward.
+
+A prompt is ``"<op> <digits>="``, e.g. ``"rev 3917="``; the answer is a digit string of 1 to 20 characters
+(``"7193"``), ended by the EOS token. Qwen2's pre-tokenizer isolates every digit, so answer lengths in tokens equal
+answer lengths in characters and rollouts stop at different lengths. Digits within a prompt are distinct, which
+lets a tiny model solve copy/reverse by looking a digit up in the prompt (an induction-style lookup).
+
+The reward mirrors verl's rule rewards (verl/utils/reward_score/gsm8k.py: compute_score): ``score`` (1.0) for the exact
+answer, ``format_score`` (0.0 by default) for a well-formed but wrong answer, 0.0 otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+EOS_TOKEN = "<|endoftext|>"
+
+# op -> (min digits, max digits) of the operand (distinct digits, so at most 10); answer lengths follow from these.
+OPS: dict[str, tuple[int, int]] = {
+    "copy": (1, 10),  # repeat the digits           -> answer length 1..10
+    "rev": (1, 10),   # reverse the digits          -> answer length 1..10
+    "sort": (1, 10),  # sort the digits ascending   -> answer length 1..10
+    "dup": (1, 10),   # write every digit twice     -> answer length 2..20
+    "len": (1, 10),   # how many digits             -> answer length 1..2
+    "max": (2, 10),   # the largest digit           -> answer length 1
+}
+MAX_ANSWER_LEN = 20
+_PROMPT_RE = re.compile(r"^(copy|rev|sort|dup|len|max) ([0-9]+)=$")
+_DIGITS_RE = re.compile(r"^[0-9]+$")
+
+
+@dataclass(frozen=True)
+class TinyExample:
+    """One task instance: the prompt text and its reference answer (without EOS)."""
+
+    op: str
+    prompt: str
+    answer: str
+
+
+def solve(op: str, digits: str) -> str:
+    """The reference answer of one op on a digit string."""
+    if op == "copy":
+        return digits
+    if op == "rev":
+        return digits[::-1]
+    if op == "sort":
+        return "".join(sorted(digits))
+    if op == "dup":
+        return "".join(c + c for c in digits)
+    if op == "len":
+        return str(len(digits))
+    if op == "max":
+        return max(digits)
+    raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
+
+
+def sample_example(rng: random.Random, op: str | None = None) -> TinyExample:
+    """Draw one example: op uniform over OPS unless given, length uniform in its range, distinct digits."""
+    op = op if op is not None else rng.choice(sorted(OPS))
+    lo, hi = OPS[op]
+    digits = "".join(rng.sample("0123456789", rng.randint(lo, hi)))
+    return TinyExample(op, f"{op} {digits}=", solve(op, digits))
+
+
+def make_examples(n: int, seed: int) -> list[TinyExample]:
+    """n examples, reproducible from the seed (independent of any global RNG state)."""
+    rng = random.Random(seed)
+    return [sample_example(rng) for _ in range(n)]
+
+
+def reference_answer(prompt: str) -> str:
+    """Parse a prompt text (possibly with left padding / special tokens around it) and return its answer."""
+    text = prompt.replace(EOS_TOKEN, "").strip()
+    m = _PROMPT_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a tiny-task prompt: {prompt!r}")
+    op, digits = m.group(1), m.group(2)
+    return solve(op, digits)
+
+
+def extract_answer(response: str) -> str:
+    """The response up to its first EOS token (everything after EOS, e.g. padding, is ignored)."""
+    return response.split(EOS_TOKEN, 1)[0]
+
+
+def compute_score(
+    prompt: str | Sequence[int],
+    response: str,
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """Rule reward: ``score`` if the response (up to EOS) equals the answer exactly, ``format_score`` if it is a
+    non-empty digit string, else 0.0. Mirrors verl/utils/reward_score/gsm8k.py: compute_score.
+
+    ``prompt`` may be the prompt text or its token ids (decoded with the shipped tiny tokenizer).
+    """
+    if not isinstance(prompt, str):
+        from labkit.tiny_model import load_tiny_tokenizer  # lazy: the task itself needs no tokenizer
+
+        prompt = load_tiny_tokenizer().decode(list(prompt), skip_special_tokens=True)
+    answer = extract_answer(response)
+    if answer == reference_answer(prompt):
+        return float(score)
+    if _DIGITS_RE.match(answer):
+        return float(format_score)
+    return 0.0
+
+
+def compute_scores(prompts: Sequence[str], responses: Sequence[str], **kwargs: float) -> list[float]:
+    """Batch form of compute_score; raises if the two lists differ in length."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+    return [compute_score(p, r, **kwargs) for p, r in zip(prompts, responses)]

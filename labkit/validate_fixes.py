@@ -1,0 +1,204 @@
+"""Smallest config changes that make a failing (or silently ragged) config pass every verl check.
+
+Candidates are generated per finding code from the arithmetic that failed (nearest divisors, nearest valid
+batch sizes, the deprecated key swapped for its per-GPU twin, ...); each one is re-checked on the whole config,
+and a candidate that clears its finding but leaves another error is extended with a fix for that error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from labkit.config import ConfigError, VerlConfig
+from labkit.validate_rules import A, C, ERROR, R, RF, Finding, Snap
+
+DEL = "<delete>"
+Change = dict[str, Any]
+
+
+def fmt(change: Change) -> str:
+    """Hydra-style override text: 'a=1 b=true ~c' (several overrides are separated by spaces)."""
+    parts = []
+    for path, v in change.items():
+        if v == DEL:
+            parts.append(f"~{path}")
+        else:
+            text = "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
+            parts.append(f"{path}={text}")
+    return " ".join(parts)
+
+
+def _divisors(x: int) -> list[int]:
+    return [d for d in range(1, x + 1) if x % d == 0] if 0 < x <= 1 << 20 else []
+
+
+def _near_divisors(x: int, around: int | None, k: int = 2) -> list[int]:
+    """The k divisors of x nearest ``around`` (ties: the smaller first)."""
+    ds = _divisors(x)
+    around = around or 8
+    return sorted(ds, key=lambda d: (abs(d - around), d))[:k]
+
+
+def _near(pred: Callable[[int], bool], start: int, lo: int = 1, hi: int | None = None) -> list[int]:
+    """The nearest value below ``start`` and the nearest above it (within [lo, hi]) satisfying pred."""
+    hi = hi or max(4 * start, 64)
+    out = []
+    for rng in (range(start - 1, lo - 1, -1), range(start + 1, hi + 1)):
+        v = next((v for v in rng if pred(v)), None)
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def _mini_ok(s: Snap, M: int, m: int | None, D: int) -> bool:
+    """Whether M prompts give a valid per-rank mini-batch for the profile (and micro size m)."""
+    Mn = M * s.n
+    if s.legacy:
+        Mp = Mn // D
+        return Mp > 0 and (m is None or Mp % m == 0) and (s.N // D) % Mp == 0
+    return Mn % D == 0 and (s.N // D) % (Mn // D) == 0 and (m is None or (Mn // D) % m == 0)
+
+
+def _sp_values(s: Snap, sp: int) -> list[int]:
+    """Ulysses sizes dividing W and compatible with the head counts, nearest the current one first."""
+    good = [d for d in _divisors(s.W) if (s.heads is None or s.heads % d == 0)
+            and (s.kv_heads is None or s.kv_heads % d == 0 or d % s.kv_heads == 0)]
+    return sorted(good, key=lambda d: (abs(d - sp), -d))[:2]
+
+
+def candidates(f: Finding, s: Snap) -> list[Change]:
+    """Config changes worth trying for one finding, most natural first."""
+    code, role = f.code, f._role
+    D = max(1, s.W // s.sp)
+    L = math.lcm(s.A, D, *([s.W] if not s.dyn or s.need_critic and not s.legacy else []),
+                 *([max(1, s.W // s.c_sp)] if s.need_critic and s.legacy else []))
+    B_fix = [{"data.train_batch_size": b} for b in _near(lambda b: b * s.n % L == 0, s.B)]
+    n_fix = [{f"{R}.n": v} for v in _near(lambda v: s.B * v % L == 0, s.n, 1, 4 * s.n + 16)]
+    mini = (s.M * s.n) // D if D else 0
+    cm = (s.c_M * s.n) // max(1, s.W // s.c_sp if s.legacy else s.W)
+    sp_key = {"critic": f"{C}.ulysses_sequence_parallel_size", "ref": f"{RF}.ulysses_sequence_parallel_size"}.get(
+        role, f"{A}.ulysses_sequence_parallel_size")
+    if code == "E1":
+        return B_fix + n_fix + [{"trainer.n_gpus_per_node": g} for g in _near(
+            lambda g: s.B * s.n % (g * s.nnodes) == 0, s.gpn, 1, 4 * s.gpn)] + [{f"{A}.use_dynamic_bsz": True}]
+    if code in ("E3", "E4", "B2", "X2", "X3", "E30", "S3") and role in ("rollout", "ref"):
+        sec = R if role == "rollout" else RF
+        Dr = D if s.legacy or role == "rollout" else max(1, s.W // s.rf_sp)
+        vals = _near_divisors(s.N // Dr, s.m or 8)
+        base: Change = {f"{sec}.log_prob_micro_batch_size": DEL} if (s.lp_u if role == "rollout" else s.rf_u) is not None else {}
+        out = [{**base, f"{sec}.log_prob_micro_batch_size_per_gpu": v} for v in vals]
+        if code == "E4":
+            out.append({f"{sec}.log_prob_micro_batch_size_per_gpu": DEL})
+        if code in ("X3", "B2"):
+            out.append({f"{sec}.log_prob_use_dynamic_bsz": DEL})
+        return out
+    if code == "B1":
+        return [{f"{R}.log_prob_use_dynamic_bsz": DEL}, {f"{R}.log_prob_use_dynamic_bsz": s.dyn}]
+    if code == "E6" and role == "actor":
+        return [{f"{A}.ppo_micro_batch_size": DEL}]
+    if code in ("E6", "E7") and role == "ref":
+        return [{f"{RF}.log_prob_micro_batch_size_per_gpu": v} for v in _near_divisors(s.N // max(1, s.W // s.rf_sp), 8)] + [
+            {f"{RF}.log_prob_use_dynamic_bsz": DEL}, {f"{RF}.log_prob_micro_batch_size": DEL}]
+    if role == "actor" and code in ("E7", "E10", "E11", "B3", "X1", "E21", "E20", "E30", "S2", "S1", "S4",
+                                    "E28", "E29"):
+        out = []
+        if code in ("E7", "E10", "E11", "B3", "X1", "E21", "E30", "S4") and mini:
+            deprecated = {f"{A}.ppo_micro_batch_size": DEL} if s.u is not None else {}
+            out += [{**deprecated, f"{A}.ppo_micro_batch_size_per_gpu": v}
+                    for v in _near_divisors(mini, s.m or (s.u // D if s.u else 8))]
+        out += [{f"{A}.ppo_mini_batch_size": v} for v in _near(lambda v: _mini_ok(s, v, s.m, D), s.M, 1, s.B)]
+        return out + ([{f"{A}.use_dynamic_bsz": True}] if code == "E7" else [])
+    if role == "critic" and code in ("E13", "E14", "E15", "E17", "X1", "E21", "E22", "X2", "S1", "S2", "S3",
+                                     "E28", "E29"):
+        deprecated = {f"{C}.ppo_micro_batch_size": DEL} if s.c_u is not None else {}
+        out = [{**deprecated, f"{C}.ppo_micro_batch_size_per_gpu": v} for v in _near_divisors(cm, s.c_m or 8)] if cm else []
+        Dc = max(1, s.W // s.c_sp if s.legacy else s.W)
+        return out + [{f"{C}.ppo_mini_batch_size": v} for v in _near(lambda v: _mini_ok(s, v, s.c_m, Dc), s.c_M, 1, s.B)]
+    simple = {
+        "E8": [{f"{A}.loss_agg_mode": "token-mean"}],
+        "E9": [{f"{A}.ppo_mini_batch_size": s.B}, {"data.train_batch_size": s.M}],
+        "E12": [{"actor_rollout_ref.model.use_remove_padding": True}, {f"{A}.ulysses_sequence_parallel_size": 1}],
+        "E16": [{f"{C}.ppo_mini_batch_size": s.B}, {"data.train_batch_size": s.c_M}],
+        "E18": [{f"{C}.model.use_remove_padding": True}, {f"{C}.ulysses_sequence_parallel_size": 1}],
+        "E19": [{f"{R}.temperature": 1.0}, {f"{R}.val_kwargs.do_sample": False}],
+        "E25": [{f"{R}.mode": "async"}],
+        "N2": [{"data.val_batch_size": DEL}],
+    }
+    if code in simple:
+        return simple[code]
+    if code == "E23":
+        rest = s.rdp * s.pp
+        return [{f"{R}.tensor_model_parallel_size": t} for t in _near(lambda t: s.W % (t * rest) == 0, s.tp, 1, s.W)] + [
+            {"trainer.n_gpus_per_node": g} for g in _near(lambda g: g * s.nnodes % (s.tp * rest) == 0, s.gpn)]
+    if code == "E26" and role == "rollout":
+        return [{f"{R}.agent.num_workers": v} for v in _near_divisors(s.N, s.A)] + B_fix + n_fix
+    if code in ("E26", "E27", "E36", "E38"):
+        return B_fix + n_fix
+    if code in ("E41", "E42", "X4"):
+        return [{sp_key: v} for v in _sp_values(s, {"critic": s.c_sp, "ref": s.rf_sp}.get(role, s.sp))]
+    if code == "E31":
+        width = s.max_seq_len if s.max_seq_len is not None and not s.legacy else s.width
+        keys = {"rollout": (f"{R}.log_prob_max_token_len_per_gpu", s.sp), "ref": (f"{RF}.log_prob_max_token_len_per_gpu",
+                                                                                   s.rf_sp),
+                "actor": (f"{A}.ppo_max_token_len_per_gpu", s.sp)}
+        pairs = [keys[role]] if role in keys else [(f"{C}.forward_max_token_len_per_gpu", s.c_sp),
+                                                   (f"{C}.ppo_max_token_len_per_gpu", s.c_sp)]
+        return [{k: -(-width // sp) for k, sp in pairs}]
+    return []
+
+
+Evaluate = Callable[[VerlConfig], "tuple[Snap, list[Finding]]"]
+
+
+def search(cfg: VerlConfig, f: Finding, s: Snap, evaluate: Evaluate, budget: list[int], depth: int = 2) -> list[str]:
+    """Up to three verified fixes for ``f``, fewest overrides first; each clears f and leaves no error at all."""
+    found: list[tuple[int, int, Change]] = []
+    for i, change in enumerate(candidates(f, s)):
+        if budget[0] <= 0 or sum(len(c) == 1 for _, _, c in found) >= 3:
+            break
+        result = _try(cfg, change, f, evaluate, budget, depth)
+        if result is not None:
+            found.append((len(result), i, result))
+    kept: list[Change] = []
+    for _, _, change in sorted(found, key=lambda t: t[:2]):
+        items = set(map(str, change.items()))
+        if not any(set(map(str, k.items())) <= items for k in kept):  # drop supersets of a smaller fix
+            kept.append(change)
+    return [fmt(c) for c in kept[:3]]
+
+
+def _apply(cfg: VerlConfig, change: Change) -> VerlConfig | None:
+    """A copy of cfg with the change applied (None if a value is out of the key's range)."""
+    c = cfg.copy()
+    try:
+        for path, v in change.items():
+            if v == DEL:
+                c.values.pop(path, None)
+            else:
+                c.set(path, v, origin="fix")
+    except ConfigError:
+        return None
+    return c
+
+
+def _try(cfg: VerlConfig, change: Change, f: Finding, evaluate: Evaluate, budget: list[int],
+         depth: int) -> Change | None:
+    """Apply change; accept if f is gone and nothing errors, else extend it with a fix for the next error."""
+    c = _apply(cfg, change)
+    if c is None or budget[0] <= 0:
+        return None
+    budget[0] -= 1
+    s2, checks = evaluate(c)
+    if any(x.code == f.code and x._role == f._role and x.severity != "pass" for x in checks):
+        return None
+    errors = [x for x in checks if x.severity == ERROR]
+    if not errors:
+        return change
+    if depth <= 1:
+        return None
+    for extra in candidates(errors[0], s2)[:4]:
+        merged = _try(c, extra, errors[0], evaluate, budget, depth - 1)
+        if merged is not None:
+            return {**change, **merged}
+    return None

@@ -1,0 +1,304 @@
+"""WorkerGroup on real Ray actors and on local processes: verl's dispatch/collect rules, the live trace, errors that
+name the rank, collectives that time out instead of hanging, and nothing left behind after close()."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from labkit import controller
+from labkit.controller import (CollectiveTimeoutError, LiveFuture, RankError, WorkerGroup, WorkerGroupError,
+                               live_groups)
+from labkit.protocol import DataProto
+from labkit.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.trace import RankRecord, StepTrace, compare
+from labkit.workers_demo import DemoWorker, add_one_to_ids
+
+COLL_S = 2.0  # collective timeout of every group here: hangs must end within COLL_S + a few seconds
+needs_ray = pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")
+_CLOSED: list[WorkerGroup] = []
+
+
+def _rank_host_procs() -> list[int]:
+    """PIDs of live Ray actor processes hosting a labkit rank (their title is ray::RayRankHost...)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::RayRankHost") and controller._pid_alive(int(entry)):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def _assert_clean(wg: WorkerGroup) -> None:
+    """After close(): every rank process gone, every surviving rank destroyed its process group."""
+    assert wg.closed and wg.alive_pids() == [], f"rank processes left: {wg.alive_pids()}"
+    for rep in wg.teardown:
+        assert rep.get("pg_destroyed") is True or rep.get("killed"), rep
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """After every test: groups it closed left no process; only the module's shared groups are still open."""
+    before = set(map(id, live_groups()))
+    yield
+    for wg in _CLOSED:
+        _assert_clean(wg)
+    _CLOSED.clear()
+    assert set(map(id, live_groups())) <= before
+
+
+def make_data(rows: int, rng: np.random.Generator, *, auto_padding: bool = False, width: int = 8) -> DataProto:
+    lengths = rng.integers(1, width + 1, size=rows)
+    mask = (torch.arange(width)[None, :] < torch.as_tensor(lengths)[:, None]).long()
+    return DataProto.from_dict(tensors={"row_id": torch.arange(rows), "attention_mask": mask},
+                               non_tensors={"uid": np.array([f"p{i // 2}" for i in range(rows)], dtype=object)},
+                               auto_padding=auto_padding)
+
+
+def _mask_tokens(data: DataProto, lo: int, hi: int) -> int:
+    return int(data.batch["attention_mask"][lo:hi].sum())
+
+
+# ---- dispatch semantics, shared by every group --------------------------------------------------------------------
+def check_modes(wg: WorkerGroup, seed: int) -> None:
+    """Every predefined mode on one group: what each rank received, collect order, trace, padding, E26."""
+    W, rng = wg.world_size, np.random.default_rng(seed)
+    assert wg.echo("x") == [{"rank": r, "x": "x"} for r in range(W)]                      # ONE_TO_ALL
+    assert wg.per_rank([f"a{r}" for r in range(W)]) == [(r, f"a{r}") for r in range(W)]  # ALL_TO_ALL, split
+    assert wg.per_rank(7) == [(r, 7) for r in range(W)]                                  # ALL_TO_ALL, broadcast
+    assert wg.dp_item(list(range(10, 10 + W))) == [(r, 10 + r) for r in range(W)]        # DP_COMPUTE
+    with pytest.raises(AssertionError, match=f"world_size={W}"):
+        wg.dp_item(list(range(W + 1)))
+    assert wg.all_reduce_rank() == [float(sum(range(W)))] * W
+    assert wg.whoami() == 0                                                              # Execute.RANK_ZERO
+    fut = wg.echo_async(3)
+    assert isinstance(fut, LiveFuture) and fut.get() == [{"rank": r, "x": 3} for r in range(W)]
+
+    wg.reset_trace()
+    for trial in range(3):                                                               # DP_COMPUTE_PROTO
+        per = int(rng.integers(1, 4))
+        data = make_data(per * W, rng)
+        out = wg.compute(data, _stage=f"dp{trial}")
+        assert out.batch["row_id"].tolist() == list(range(per * W))
+        assert out.batch["rank"].tolist() == [r for r in range(W) for _ in range(per)]
+        recs = wg.trace.at(f"dp{trial}")
+        assert [(x.rank, x.dp_rank, x.rows) for x in recs] == [(r, r, per) for r in range(W)]
+        assert [x.tokens for x in recs] == [_mask_tokens(data, r * per, (r + 1) * per) for r in range(W)]
+        assert all(x.extra["collected"] and x.extra["out_rows"] == per for x in recs)
+        assert wg.trace.stage(f"dp{trial}").global_rows == per * W
+
+    metrics = wg.metric(make_data(2 * W, rng))                                          # DP_COMPUTE_METRIC
+    assert metrics == [{"rank": r, "rows": 2} for r in range(W)]
+    fout = wg.with_func(add_one_to_ids, make_data(W, rng))                               # ..._WITH_FUNC
+    assert fout.batch["row_id"].tolist() == list(range(1, W + 1))
+
+    if W > 1:                                                                            # E26, then padding
+        bad = make_data(W + 1, rng)
+        with pytest.raises(AssertionError) as err:
+            wg.compute(bad)
+        assert str(err.value) == f"only support equal chunk. Got size of DataProto {W + 1} and chunk {W}."
+        padded = make_data(W + 1, rng, auto_padding=True)
+        out = wg.compute(padded, _stage="padded")
+        assert len(out) == W + 1 and out.batch["row_id"].tolist() == list(range(W + 1))
+        assert len(padded) == 2 * W  # verl pads the caller's DataProto in place with copies of its last row
+        assert padded.batch["row_id"].tolist()[W + 1:] == [W] * (W - 1)
+        assert [x.rows for x in wg.trace.at("padded")] == [2] * W
+
+    with pytest.raises(RankError) as err:                                                # a rank raises
+        wg.raise_on(W - 1)
+    assert err.value.rank == W - 1 and f"rank {W - 1}" in str(err.value)
+    assert "ValueError: DemoWorker told to raise" in err.value.remote_traceback
+    assert "raise_on" in err.value.remote_traceback
+    assert wg.echo(1)[0] == {"rank": 0, "x": 1}  # no collective was involved: the group stays usable
+
+
+def check_meshes(wg: WorkerGroup, seed: int) -> None:
+    """W=4, sp=2, tp=2: nd dispatch by mesh (same rows to both ranks of a group, one collected) and the ≤v0.5
+    all-gather variant (compute on B·tp/W rows, outputs sliced back)."""
+    rng = np.random.default_rng(seed)
+    assert wg.dispatch_info("actor") == [0, 0, 1, 1] and wg.collect_info("actor") == [True, False, True, False]
+    assert wg.dispatch_info("rollout") == [0, 0, 1, 1] and wg.collect_info("rollout") == [True, False, True, False]
+    assert wg.dp_size("actor") == 2
+    info = wg.info()
+    assert [i["sp_group"] for i in info] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [i["tp_group"] for i in info] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert all(i["backend"] == wg.backend for i in info)
+    wg.reset_trace()
+    for method, coord in (("actor_compute", "sp_rank"), ("rollout_compute", "tp_rank")):
+        half = int(rng.integers(1, 4))
+        data = make_data(2 * half, rng)
+        out = wg.call(method, data)
+        assert out.batch["row_id"].tolist() == list(range(2 * half))
+        assert out.batch["rank"].tolist() == [0] * half + [2] * half  # only is_collect ranks, rank order
+        recs = wg.trace.at(method)
+        assert [x.rows for x in recs] == [half] * 4
+        assert [x.tokens for x in recs] == [_mask_tokens(data, 0, half)] * 2 + [_mask_tokens(data, half, 2 * half)] * 2
+        assert [x.dp_rank for x in recs] == [0, 0, 1, 1] and [getattr(x, coord) for x in recs] == [0, 1, 0, 1]
+        assert [x.extra["collected"] for x in recs] == [True, False, True, False]
+        with pytest.raises(AssertionError, match=r"^only support equal chunk\. Got size of DataProto 3 and chunk 2\.$"):
+            wg.call(method, make_data(3, rng))
+    for method, coord in (("legacy_generate", "tp_rank"), ("legacy_sp_compute", "sp_rank")):
+        per = int(rng.integers(1, 4))
+        data = make_data(4 * per, rng)
+        out = wg.call(method, data)
+        assert out.batch["row_id"].tolist() == list(range(4 * per))            # sliced back: own rows only
+        assert out.batch["rank"].tolist() == [r for r in range(4) for _ in range(per)]
+        assert out.batch["seen_rows"].tolist() == [2 * per] * (4 * per)         # B·tp/W rows after the all-gather
+        recs = wg.trace.at(method)
+        assert [(x.extra["recv_rows"], x.rows, x.extra["out_rows"]) for x in recs] == [(per, 2 * per, per)] * 4
+        pair_tokens = [_mask_tokens(data, 0, 2 * per), _mask_tokens(data, 2 * per, 4 * per)]
+        assert [x.tokens for x in recs] == [pair_tokens[0]] * 2 + [pair_tokens[1]] * 2
+        assert [getattr(x, coord) for x in recs] == [0, 1, 0, 1] and all(x.collectives["all_gather"] for x in recs)
+
+
+def check_matches_a_prediction(wg: WorkerGroup, seed: int) -> None:
+    """The live trace of an nd-dispatched stage equals the arithmetic prediction (B·n/D rows per rank) via compare."""
+    rng = np.random.default_rng(seed)
+    data = make_data(8, rng)
+    with wg.stage("old_log_prob"):
+        wg.actor_compute(data)
+    pred = StepTrace(profile="engine", source="plan")
+    pred.ranks = [RankRecord("old_log_prob", r, dp_rank=r // 2, sp_rank=r % 2, rows=4,
+                             tokens=_mask_tokens(data, 4 * (r // 2), 4 * (r // 2) + 4)) for r in range(4)]
+    pred.stages = list(wg.trace.stages)
+    assert compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows", "tokens")) == []
+    pred.ranks[3].rows = 5
+    assert [str(m) for m in compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows",))] == \
+        ["old_log_prob rank 3: rows predicted 5, observed 4"]
+
+
+# ---- Ray ----------------------------------------------------------------------------------------------------------
+@needs_ray
+def test_ray_group_of_2_starts_and_stops_its_own_ray():
+    """Runs first: labkit starts Ray, runs every mode on W=2, a skipped all_reduce fails fast, and Ray goes down."""
+    ray = import_ray()
+    ray_was_up = ray.is_initialized()  # only when this test is run out of file order
+    wg = WorkerGroup(DemoWorker, 2, launcher="ray", collective_timeout_s=COLL_S)
+    _CLOSED.append(wg)
+    with wg:
+        assert wg.launcher == "ray" and ray.is_initialized() and wg.backend == "gloo"
+        check_modes(wg, seed=2)
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as err:
+            wg.skip_all_reduce(1)
+        assert time.monotonic() - t0 < COLL_S + 5
+        assert err.value.rank == 0 and err.value.collective == "all_reduce"
+        assert "rank 0" in str(err.value) and "all_reduce" in str(err.value) and "[0, 1]" in str(err.value)
+        with pytest.raises(WorkerGroupError, match="unusable"):
+            wg.echo(1)
+    assert ray.is_initialized() == ray_was_up, "labkit started Ray, so close() must shut it down"
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    if not ray_available():
+        pytest.skip("Ray is not installed here")
+    owned = start_ray(num_cpus=4)
+    yield
+    if owned:
+        stop_ray()
+        assert not import_ray().is_initialized()
+
+
+@pytest.fixture(scope="module")
+def ray_wg4(ray_session):
+    wg = WorkerGroup(DemoWorker, 4, launcher="ray", init_kwargs={"sp": 2, "tp": 2}, collective_timeout_s=COLL_S)
+    yield wg
+    wg.close()
+    _assert_clean(wg)
+
+
+def test_ray_group_of_4_modes(ray_wg4):
+    assert len(_rank_host_procs()) >= 4
+    check_modes(ray_wg4, seed=4)
+
+
+def test_ray_group_of_4_meshes_and_all_gather_variant(ray_wg4):
+    check_meshes(ray_wg4, seed=40)
+    check_matches_a_prediction(ray_wg4, seed=41)
+
+
+def test_ray_group_of_1_and_the_driver_watchdog(ray_session):
+    """W=1 modes; then a rank wedged in a collective that ignores timeouts is named by the driver's watchdog."""
+    wg = WorkerGroup(DemoWorker, 1, launcher="ray", collective_timeout_s=COLL_S)
+    _CLOSED.append(wg)
+    with wg:
+        check_modes(wg, seed=1)
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError, match=r"rank 0 has waited .* in collective all_reduce"):
+            wg.stuck_in_collective(0, 60)
+        assert COLL_S + controller.GRACE_S <= time.monotonic() - t0 < COLL_S + controller.GRACE_S + 5
+    assert import_ray().is_initialized(), "Ray was started by the test, not by labkit: it must stay up"
+
+
+def test_mesh_errors_come_before_any_process():
+    before, n_live = set(_rank_host_procs()), len(live_groups())
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=r"^rollout world_size: 6 is not divisible by infer_world_size: 4$"):
+        WorkerGroup(DemoWorker, 6, launcher="ray", init_kwargs={"tp": 4})
+    with pytest.raises(ValueError, match=r"world size 3 is not divisible by ulysses_sequence_parallel_size 2"):
+        WorkerGroup(DemoWorker, 3, launcher="ray", init_kwargs={"sp": 2})
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        WorkerGroup(DemoWorker, 0, launcher="ray")
+    assert time.monotonic() - t0 < 1.0
+    assert set(_rank_host_procs()) <= before and len(live_groups()) == n_live
+
+
+# ---- local processes (the launcher of machines without Ray) -------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_wg4():
+    wg = WorkerGroup(DemoWorker, 4, launcher="local", init_kwargs={"sp": 2, "tp": 2}, collective_timeout_s=COLL_S)
+    yield wg
+    wg.close()
+    _assert_clean(wg)
+
+
+def test_local_group_of_4_modes_meshes_all_gather(local_wg4):
+    assert local_wg4.launcher == "local" and len(set(local_wg4.pids)) == 4
+    check_modes(local_wg4, seed=14)
+    check_meshes(local_wg4, seed=15)
+    check_matches_a_prediction(local_wg4, seed=16)
+
+
+def test_local_group_skipped_collective_fails_fast_then_cleans_up(local_wg4):
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError) as err:
+        local_wg4.skip_all_reduce(2)
+    assert time.monotonic() - t0 < COLL_S + 5
+    assert err.value.rank == 0 and err.value.collective == "all_reduce" and err.value.others == [1, 3]
+    assert "rank 0" in str(err.value) and "--- remote traceback of rank 0 ---" in str(err.value)
+    local_wg4.close()
+    _assert_clean(local_wg4)
+
+
+def test_local_rank_failing_in_init_is_named_and_everything_is_killed():
+    before = set(_child_pids())
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        WorkerGroup(DemoWorker, 2, launcher="local", init_kwargs={"fail_init_rank": 1}, collective_timeout_s=COLL_S)
+    assert err.value.rank == 1 and err.value.method == "__init__"
+    assert "told to fail in __init__ on rank 1" in str(err.value)
+    assert time.monotonic() - t0 < 120
+    leftovers = [p for p in set(_child_pids()) - before if controller._pid_alive(p)]
+    assert leftovers == [], f"spawned ranks left behind: {leftovers}"
+
+
+def _child_pids() -> list[int]:
+    me, out = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return out

@@ -1,0 +1,63 @@
+"""environment.yml and pyproject.toml describe the same environment (the README's promise to conda users)."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pins(reqs):
+    out = {}
+    for r in reqs:
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)", r.strip())
+        if m:
+            out[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return out
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _conda_pip():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = [d for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    assert len(pip) == 1, "environment.yml needs exactly one pip section"
+    return env, pip[0]["pip"]
+
+
+def test_every_pin_agrees():
+    proj = _pyproject()
+    wanted = _pins(proj["dependencies"])
+    for extra in proj["optional-dependencies"].values():
+        wanted.update(_pins(extra))
+    _, pip = _conda_pip()
+    assert _pins(pip) == wanted
+
+
+def test_pip_section_installs_the_package_with_every_extra():
+    proj = _pyproject()
+    _, pip = _conda_pip()
+    editable = [p for p in pip if p.startswith("-e ")]
+    assert len(editable) == 1
+    extras = re.fullmatch(r"-e \.\[(.*)\]", editable[0]).group(1).split(",")
+    assert sorted(e.strip() for e in extras) == sorted(proj["optional-dependencies"])
+
+
+def test_python_version_agrees():
+    env, _ = _conda_pip()
+    py = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python=")]
+    assert py == ["python=3.11"]
+    assert _pyproject()["requires-python"] == ">=3.11"
+
+
+def test_every_pin_is_what_the_venv_has():
+    """The pinned versions are the installed ones (a drifted pin would make the README's commands lie)."""
+    from importlib.metadata import version
+
+    wanted = _pins(_pyproject()["dependencies"])
+    for name, pin in wanted.items():
+        assert version(name).split("+")[0] == pin, name
