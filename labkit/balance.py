@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
 
 WORKLOAD_LINEAR = 24576  # 12·h²/(2h) with h = 4096 ("7B"), verl's calculate_workload constant
+_NUMPY_MIN_K = 48  # equal-size KK with at least this many partitions runs on numpy rows (faster for wide states)
 
 
 def calculate_workload(seqlens: Any) -> Any:
@@ -41,8 +42,8 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
     """Karmarkar-Karp on non-negative ints, with each set packed into one int key.
 
     verl orders sets by (sum, #items, items-list); sets are disjoint, so the list comparison is decided by the first
-    index, and key = sum·M² + #items·M + first_index (M = N+1) orders sets exactly like verl. A state is the list of its
-    non-empty set keys, descending (empty sets sum to 0 with no items, so they sort last). verl's heap order is
+    index, and key = sum·M² + #items·M + first_index (M = N+1) orders sets exactly like verl. A state is the list of
+    its non-empty set keys, descending (empty sets sum to 0 with no items, so they sort last). verl's heap order is
     (larger spread, then larger first set); the first set's key is unique, so this order is strict and any priority
     queue pops the same states as verl's heapq. Merges are logged and replayed at the end to list items in order.
     """
@@ -52,13 +53,22 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
     singles = sorted([v * MM + M + i for i, v in enumerate(values)])  # one-item sets, ascending (value, index)
     heap: list[tuple[int, int, list[int]]] = []  # (-spread, -top set key, set keys descending)
     stream: list[int] = []  # free mode: one-item states, kept out of the heap; the largest pops first
-    if equal_size:  # each group of k consecutive items fills the k sets of one state
+    log = []  # (receiving set keys, merged-in set keys), pairwise, in merge order
+    if equal_size:  # each group of k consecutive items fills the k sets of one state; states stay full
         for off in range(0, n, k):
             keys = singles[off : off + k][::-1]
             heap.append((keys[-1] // MM - keys[0] // MM, -keys[0], keys))
         heapq.heapify(heap)
-    else:
-        stream = singles
+        a, pop, pushpop = heapq.heappop(heap)[2], heapq.heappop, heapq.heappushpop
+        while heap:
+            b = pop(heap)[2][::-1]
+            log.append((a, b))
+            a = [x + y - y % M for x, y in zip(a, b)]
+            a.sort(reverse=True)
+            top = a[0]
+            a = pushpop(heap, (a[-1] // MM - top // MM, -top, a))[2]
+        return _replay(log, a, n, M)
+    stream = singles
     lone = 1 if k > 1 else 0  # a one-item state's spread is its value when it has an empty set
 
     def single_first() -> bool:  # is the next one-item state ahead of every state in the heap?
@@ -72,7 +82,6 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
         spread, top = -heap[0][0], -heap[0][1]
         return bisect_left(stream, (spread + 1) * MM if top // MM > spread else top + 1)
 
-    log = []  # (receiving set keys, merged-in set keys), pairwise, in merge order
     a = take_min()
     while heap or stream:
         p = len(a)
@@ -104,19 +113,64 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
         if (heap and heap[0][:2] < key) or (s is not None and (-(s // MM) * lone, -s) < key):
             heapq.heappush(heap, (*key, a))
             a = take_min()
-    nxt, tail = [-1] * n, list(range(n))  # each set as a linked list of item indices, named by its first index
-    for a_mid, b_mid in log:
-        for x, y in zip(a_mid, b_mid):
+    return _replay(log, a, n, M) + [[] for _ in range(k - len(a))]
+
+
+def _replay(log: list, final: list[int], n: int, M: int) -> list[list[int]]:
+    """Item indices of the final sets in insertion order: replay the logged set merges as linked lists."""
+    nxt, tail = [-1] * n, list(range(n))  # each set is named by its first index
+    for a_keys, b_keys in log:
+        for x, y in zip(a_keys, b_keys):
             fx, fy = x % M, y % M
             nxt[tail[fx]] = fy
             tail[fx] = tail[fy]
-    partitions = [[] for _ in range(k)]
-    for part, key in zip(partitions, a):
-        f = key % M
+    partitions = []
+    for key in final:
+        f, part = key % M, []
         while f >= 0:
             part.append(f)
             f = nxt[f]
+        partitions.append(part)
     return partitions
+
+
+def _kk_equal_np(values: list[int], k: int) -> list[list[int]]:
+    """Equal-size Karmarkar-Karp on non-negative ints with int64 numpy rows (same order as `_kk_int`, for large k).
+
+    A state is a 2×k array (first index, sum) sorted descending, plus its item count per set: all k sets of an
+    equal-size state hold the same number of items, so verl's set order reduces to (sum, first index) inside a state,
+    and to (sum, count, first index) between states. Sets stay equal-sized, so the linked lists are walked in lockstep.
+    """
+    n = len(values)
+    M = n + 1
+    vals = np.asarray(values, dtype=np.int64)
+    groups = np.argsort(vals, kind="stable").reshape(-1, k)[:, ::-1]  # (value, index) ascending, sets descending
+    sums = vals[groups]
+    states = list(np.stack([groups, sums], axis=1))
+    counts = [1] * len(states)
+    heap = list(zip((sums[:, -1] - sums[:, 0]).tolist(), (-sums[:, 0]).tolist(), (-M - groups[:, 0]).tolist(),
+                    range(len(states))))
+    heapq.heapify(heap)
+    log = []
+    pop = heapq.heappop
+    while len(heap) > 1:
+        ga, gb = pop(heap)[3], pop(heap)[3]
+        a, b = states[ga], states[gb]
+        log.append((a[0], b[0, ::-1]))  # set i of A receives set k-1-i of B
+        x = a.copy()
+        x[1] += b[1, ::-1]
+        x = x[:, np.lexsort(x)[::-1]]  # descending by (sum, first index)
+        states[ga], counts[ga] = x, counts[ga] + counts[gb]
+        f0, s0 = x[:, 0].tolist()
+        heapq.heappush(heap, (x[1, -1].item() - s0, -s0, -counts[ga] * M - f0, ga))
+    nxt, tail = np.full(n, -1, dtype=np.int64), np.arange(n)
+    for fa, fb in log:  # within one merge the k sets are distinct, so each step is a vector update
+        nxt[tail[fa]] = fb
+        tail[fa] = tail[fb]
+    rows = [states[heap[0][3]][0]]
+    for _ in range(n // k - 1):
+        rows.append(nxt[rows[-1]])
+    return np.stack(rows, axis=1).tolist()
 
 
 class _State:
@@ -173,7 +227,10 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     if n == 0 or k_partitions <= 0:
         raise IndexError("list index out of range")  # verl indexes an empty heap / an empty list of sets
     if set(map(type, values)) == {int} and min(values) >= 0:
-        partitions = _kk_int(values, k_partitions, equal_size)
+        if equal_size and k_partitions >= _NUMPY_MIN_K and sum(values) < 2**62:
+            partitions = _kk_equal_np(values, k_partitions)
+        else:
+            partitions = _kk_int(values, k_partitions, equal_size)
     else:
         partitions = _kk_generic(values, k_partitions, equal_size)
     if equal_size:
@@ -183,7 +240,9 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
 
 
 def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """Assign items in input order to the lightest partition (bias sum+1 per item when equal_size). Mirrors greedy_partition."""
+    """Assign items in input order to the lightest partition (bias sum+1 per item if equal_size).
+
+    Mirrors seqlen_balancing.greedy_partition (no caller in verl)."""
     values = _as_values(seqlen_list)
     bias = sum(values) + 1 if equal_size else 0
     partitions: list[list[int]] = [[] for _ in range(k_partitions)]
@@ -201,14 +260,16 @@ def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> l
 
 
 def get_seqlen_balanced_partitions(seqlen_list: Any, k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """KK partitions with verl's checks (E36, E38, E37), indices sorted inside each. Mirrors get_seqlen_balanced_partitions."""
+    """KK partitions with verl's checks (E36, E38, E37), indices sorted inside each.
+
+    Mirrors seqlen_balancing.get_seqlen_balanced_partitions."""
     n = len(seqlen_list)
     assert n >= k_partitions, f"number of items:[{n}] < k_partitions:[{k_partitions}]"
     partitions = karmarkar_karp(seqlen_list, k_partitions, equal_size)
     assert len(partitions) == k_partitions, f"{len(partitions)} != {k_partitions}"
     for i, part in enumerate(partitions):
         assert len(part) > 0, f"the {i}-th partition is empty"
-    assert sorted(chain.from_iterable(partitions)) == list(range(n))
+    assert set(chain.from_iterable(partitions)) == set(range(n))
     return [sorted(part) for part in partitions]
 
 
@@ -234,7 +295,9 @@ def get_group_balanced_partitions(seqlen_list: Sequence[int], uid_list: Sequence
 
 
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]], prefix: str) -> dict[str, Any]:
-    """Token sums of contiguous chunks (no balancing) vs of the partitions, under verl's names. Mirrors log_seqlen_unbalance."""
+    """Token sums of contiguous chunks (no balancing) vs of the partitions, under verl's metric names.
+
+    Mirrors seqlen_balancing.log_seqlen_unbalance."""
     lens = _as_values(seqlen_list)
     chunk = len(lens) // len(partitions)
     chunk_sums = [sum(lens[off : off + chunk]) for off in range(0, len(lens), chunk)]

@@ -125,7 +125,7 @@ class VerlConfig:
             return value
         if key.follows is not None:
             return self.get(key.follows, _seen + (path,))
-        return key.default
+        return key.default_for(self.profile)
 
     def _resolve(self, path: str, m: re.Match, seen: tuple) -> Any:
         target, fallback = m.group(1).strip(), m.group(2)

@@ -28,6 +28,10 @@ class Key:
     choices: tuple | None = None
     doc: str = ""
     profiles: tuple[str, ...] = PROFILES
+    legacy_default: Any = "same"  # where verl 0.7.1's YAML default differs from 0.9.1's
+
+    def default_for(self, profile: str) -> Any:
+        return self.default if profile == "engine" or self.legacy_default == "same" else self.legacy_default
 
 
 ARR = "actor_rollout_ref"
@@ -121,7 +125,7 @@ _KEYS = [
     Key("critic.ppo_epochs", INT, follows=f"{ACTOR}.ppo_epochs", minimum=1),
     Key("critic.ulysses_sequence_parallel_size", INT, 1, minimum=1),
     Key("critic.loss_agg_mode", STR, follows=f"{ACTOR}.loss_agg_mode"),
-    Key("critic.model.use_remove_padding", BOOL, True),
+    Key("critic.model.use_remove_padding", BOOL, True, legacy_default=False),
     # algorithm
     Key("algorithm.adv_estimator", STR, "gae", doc="grpo, gae, rloo, reinforce_plus_plus, remax, ..."),
     Key("algorithm.norm_adv_by_std_in_grpo", BOOL, True),

@@ -6,7 +6,6 @@ func_generator (verl-reference.md §3)."""
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from contextlib import contextmanager
@@ -15,62 +14,22 @@ from typing import Any, Iterator
 from labkit import dist
 from labkit.dispatch import (Dispatch, Execute, MethodSpec, collected_ranks, first_batch_arg, registered_methods,
                              resolve, rows_tokens, split_for_ranks, unpad_output)
-from labkit.launcher import CALL_QUERY, LocalLauncher
+from labkit.launcher import CALL_QUERY, LocalLauncher, pid_alive, wait_gone
+from labkit.rank_errors import (CallTimeoutError, CollectiveTimeoutError, RankDiedError, RankError, WorkerGroupError,
+                                root_cause)
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 GRACE_S = 2.0  # the driver's watchdog fires this long after a collective's own timeout
 _LIVE: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+__all__ = ["WorkerGroup", "LiveFuture", "live_groups", "WorkerGroupError", "RankError", "CollectiveTimeoutError",
+           "RankDiedError", "CallTimeoutError", "GRACE_S"]
 _DP_MODES = (Dispatch.DP_COMPUTE, Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
              Dispatch.DP_COMPUTE_METRIC)
-
-
-class WorkerGroupError(RuntimeError):
-    """Base class of the errors a worker group raises on the driver."""
-
-
-class RankError(WorkerGroupError):
-    """A rank raised: names the rank and method and carries the remote traceback text."""
-
-    def __init__(self, envelope: dict[str, Any], others: list[dict[str, Any]] | None = None) -> None:
-        self.rank, self.method = envelope["rank"], envelope["method"]
-        self.exc_type, self.remote_message = envelope.get("exc_type"), envelope.get("message", "")
-        self.remote_traceback = envelope.get("traceback", "")
-        self.collective = (envelope.get("collective") or {}).get("collective")
-        self.others = [o["rank"] for o in others or []]
-        text = f"rank {self.rank} failed in {self.method}: {self.exc_type}: {self.remote_message}"
-        if self.others:
-            text += f"\n(also failed: ranks {self.others})"
-        if self.remote_traceback:
-            text += f"\n--- remote traceback of rank {self.rank} ---\n{self.remote_traceback.rstrip()}"
-        super().__init__(text)
-
-
-class CollectiveTimeoutError(RankError):
-    """A rank waited in a collective past its timeout (raised in the rank, or by the driver's watchdog)."""
-
-
-class RankDiedError(RankError):
-    """A rank's process or actor died during a call."""
-
-
-class CallTimeoutError(WorkerGroupError):
-    """Ranks did not answer within timeout_s (outside any collective)."""
 
 
 def live_groups() -> list["WorkerGroup"]:
     """Worker groups created and not yet closed in this process."""
     return [wg for wg in list(_LIVE) if not wg.closed]
-
-
-def _error(errors: list[dict[str, Any]]) -> RankError:
-    """The root cause first: a plain exception beats a collective timeout, which beats a death; then lowest rank."""
-    def order(e: dict) -> tuple:
-        return (2 if e.get("died") else 1 if e.get("collective") else 0, e["rank"])
-
-    errors = sorted(errors, key=order)
-    first, rest = errors[0], errors[1:]
-    cls = RankDiedError if first.get("died") else CollectiveTimeoutError if first.get("collective") else RankError
-    return cls(first, rest)
 
 
 class LiveFuture:
@@ -104,12 +63,17 @@ class _BoundMethod:
 
 
 class WorkerGroup:
-    """W ranks of `worker_cls` as Ray actors (default) or local processes; a context manager that always cleans up."""
+    """W ranks of `worker_cls` as Ray actors (default) or local processes; a context manager that always cleans up.
+
+    launcher "auto" picks Ray when importable; init_kwargs go to every rank's constructor (worker_cls.check_world
+    sees them first, on the driver); timeout_s bounds a call, collective_timeout_s every labkit.dist collective;
+    env is set in each rank before its process group starts. Registered methods become attributes: wg.compute(data)."""
 
     def __init__(self, worker_cls: type, world_size: int, *, launcher: str = "auto", init_kwargs: dict | None = None,
                  timeout_s: float = 120.0, collective_timeout_s: float = dist.DEFAULT_COLLECTIVE_TIMEOUT_S,
                  start_timeout_s: float = 180.0, env: dict[str, str] | None = None, backend: str = "auto",
-                 profile: str = "engine", actor_options: dict | None = None, num_cpus: int | None = None) -> None:
+                 profile: str = "engine", actor_options: dict | None = None, num_cpus: int | None = None,
+                 start_method: str | None = None) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         init_kwargs = dict(init_kwargs or {})
@@ -141,12 +105,12 @@ class WorkerGroup:
                 self._owns_ray = start_ray(num_cpus or max(4, world_size))
                 self._launcher = RayLauncher(world_size, host_kwargs, actor_options)
             else:
-                self._launcher = LocalLauncher(world_size, host_kwargs)
+                self._launcher = LocalLauncher(world_size, host_kwargs, start_method)
             ready = self._launcher.wait_ready(start_timeout_s)
-            self.pids = [ready[r].get("pid") for r in range(world_size)]
+            self.pids = list(self._launcher.pids)
             errors = [ready[r] for r in range(world_size) if not ready[r]["ok"]]
             if errors:
-                raise _error(errors)
+                raise root_cause(errors)
         except BaseException:
             self.close()
             raise
@@ -175,7 +139,7 @@ class WorkerGroup:
         try:
             if self._launcher is not None:
                 self.teardown = self._launcher.close(graceful_s=3.0)
-                _wait_gone([p for p in self.pids if p], 10.0)
+                wait_gone([p for p in self._launcher.pids if p], 10.0)
         finally:
             if self._owns_ray:
                 from labkit.ray_launcher import stop_ray
@@ -186,7 +150,7 @@ class WorkerGroup:
 
     def alive_pids(self) -> list[int]:
         """PIDs of this group's rank processes that still exist (zombies count as gone)."""
-        return [p for p in self.pids if p and _pid_alive(p)]
+        return [p for p in self.pids if p and pid_alive(p)]
 
     # ---- dispatch info (cached per mesh, as verl) ---------------------------------------------------------------
     def dispatch_info(self, mesh_name: str) -> list[int]:
@@ -213,7 +177,7 @@ class WorkerGroup:
         results = self._await(handle, ranks)
         errors = [results[r] for r in ranks if not results[r]["ok"]]
         if errors:
-            raise _error(errors)
+            raise root_cause(errors)
         return [results[r]["value"] for r in ranks]
 
     # ---- calls --------------------------------------------------------------------------------------------------
@@ -259,7 +223,7 @@ class WorkerGroup:
         results = self._await(fut.handle, fut.ranks)
         errors = [results[r] for r in fut.ranks if not results[r]["ok"]]
         if errors:
-            raise _error(errors)
+            raise root_cause(errors)
         outputs = [results[r]["value"] for r in fut.ranks]
         self._record(fut, [results[r]["record"] for r in fut.ranks])
         if fut.spec.execute_mode is Execute.RANK_ZERO:
@@ -286,7 +250,7 @@ class WorkerGroup:
                                "message": (f"driver watchdog: rank {rank} has waited {inf['elapsed_s']:.1f} s in "
                                            f"collective {inf['collective']} over ranks {inf['group']} (timeout "
                                            f"{inf['timeout_s']:g} s)"), "collective": inf, "traceback": ""}
-                        raise _error([env] + [e for e in results.values() if not e["ok"]])
+                        raise root_cause([env] + [e for e in results.values() if not e["ok"]])
             if now - t0 > self.timeout_s:
                 self._broken = f"ranks {pending} did not answer"
                 raise CallTimeoutError(f"ranks {pending} did not answer within {self.timeout_s:g} s; status: "
@@ -333,22 +297,3 @@ def _pick_launcher(launcher: str) -> str:
     if launcher == "ray" and not ray_available():
         raise ImportError("launcher='ray' but Ray is not installed here; use launcher='local' (or 'auto')")
     return launcher
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in (p for p in pids if _pid_alive(p)):
-        try:
-            os.kill(pid, 9)  # last resort: a rank process this group started
-        except OSError:
-            pass

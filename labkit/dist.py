@@ -93,12 +93,20 @@ def init_dist(rank: int, world_size: int, master_port: int, *, master_addr: str 
         index = rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=rendezvous_timeout_s), wait_for_workers=True)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    long = datetime.timedelta(seconds=rendezvous_timeout_s)
+    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=long,
+                          wait_for_workers=True)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=long)
     _STATE = DistState(rank, world_size, backend, device, timeout_s)
+    set_group_timeout(None, timeout_s)
     return _STATE
+
+
+def set_group_timeout(group: Any, timeout_s: float) -> None:
+    """Operation timeout of an existing group (creation used the long rendezvous timeout: ranks arrive late)."""
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # private torch API; absent: keep the long one
+    if setter is not None:
+        setter(datetime.timedelta(seconds=timeout_s), group)
 
 
 def state() -> DistState | None:
@@ -131,8 +139,12 @@ def check_rollout_mesh(world_size: int, tp: int, rdp: int = 1, pp: int = 1) -> N
                              f"{infer_world_size}")
 
 
-def _device_type() -> str:
+def device_type() -> str:
+    """Device type for meshes of this rank: "cuda" under NCCL, else "cpu" (gloo, also when ranks share a GPU)."""
     return "cuda" if _STATE is not None and _STATE.backend == "nccl" else "cpu"
+
+
+_device_type = device_type  # older spelling, used by labkit.actor
 
 
 def actor_mesh(sp: int = 1):
@@ -141,7 +153,7 @@ def actor_mesh(sp: int = 1):
 
     world = dist.get_world_size()
     check_actor_mesh(world, sp)
-    return init_device_mesh(_device_type(), (world // sp, sp), mesh_dim_names=("dp", "sp"))
+    return _short_timeouts(init_device_mesh(device_type(), (world // sp, sp), mesh_dim_names=("dp", "sp")))
 
 
 def rollout_mesh(tp: int = 1, rdp: int = 1, pp: int = 1):
@@ -151,8 +163,30 @@ def rollout_mesh(tp: int = 1, rdp: int = 1, pp: int = 1):
     world = dist.get_world_size()
     check_rollout_mesh(world, tp, rdp, pp)
     infer_tp = tp * rdp
-    return init_device_mesh(_device_type(), (world // (infer_tp * pp), infer_tp, pp),
-                            mesh_dim_names=("dp", "infer_tp", "infer_pp"))
+    return _short_timeouts(init_device_mesh(device_type(), (world // (infer_tp * pp), infer_tp, pp),
+                                            mesh_dim_names=("dp", "infer_tp", "infer_pp")))
+
+
+def _short_timeouts(mesh: Any) -> Any:
+    """Give every group of a new mesh the collective timeout (subgroups are created with torch's long default)."""
+    for name in mesh.mesh_dim_names:
+        set_group_timeout(mesh.get_group(name), _STATE.timeout_s if _STATE else DEFAULT_COLLECTIVE_TIMEOUT_S)
+    return mesh
+
+
+def dp_rank(mesh) -> int:
+    """This rank's index along the mesh's "dp" dimension (actor and rollout meshes alike)."""
+    return mesh.get_local_rank("dp")
+
+
+def sp_rank(mesh) -> int:
+    """This rank's index in its Ulysses SP group (actor mesh)."""
+    return mesh.get_local_rank("sp")
+
+
+def tp_rank(mesh) -> int:
+    """This rank's index in its rollout TP group (rollout mesh dimension "infer_tp")."""
+    return mesh.get_local_rank("infer_tp")
 
 
 def mesh_ranks(mesh, dim: str) -> dict[str, int]:
@@ -221,7 +255,8 @@ def _wait(work: Any, timeout: float) -> None:
     work.wait(datetime.timedelta(seconds=timeout))
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Any = None, timeout_s: float | None = None) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Any = None,
+               timeout_s: float | None = None) -> torch.Tensor:
     """In-place all_reduce (sum/max/min/avg via sum) with a timeout."""
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}
     with guarded("all_reduce", group, timeout_s) as timeout:
@@ -247,7 +282,8 @@ def barrier(group: Any = None, timeout_s: float | None = None) -> None:
                               async_op=True), timeout)
 
 
-def all_gather_object(obj: Any, group: Any = None, timeout_s: float | None = None) -> list[Any]:
+def all_gather_object(obj: Any, group: Any = None, timeout_s: float | None = None,
+                      _count: bool = True) -> list[Any]:
     """Pickle → padded uint8 all_gather (two guarded collectives) → unpickle; one object per group rank."""
     device = _STATE.device if _STATE else "cpu"
     payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()).to(device)
@@ -256,14 +292,15 @@ def all_gather_object(obj: Any, group: Any = None, timeout_s: float | None = Non
     padded = torch.zeros(width, dtype=torch.uint8, device=device)
     padded[:payload.numel()] = payload
     parts = all_gather(padded, group, timeout_s, "all_gather_object", False)
-    _COUNTS["all_gather_object"] += 1
+    if _count:
+        _COUNTS["all_gather_object"] += 1
     return [pickle.loads(p[:int(s.item())].cpu().numpy().tobytes()) for p, s in zip(parts, sizes)]
 
 
 def all_gather_data_proto(data: Any, group: Any = None, timeout_s: float | None = None) -> Any:
-    """Rows of every group rank concatenated in group-rank order (tensors and non-tensors).
-
-    Mirrors verl/protocol.py: all_gather_data_proto (the ≤v0.5 TP/SP pre-processing); returns a new DataProto."""
+    """Rows of every group rank concatenated in group-rank order (tensors and non-tensors); counted as one
+    "all_gather(data_proto)", the planner's name. Mirrors verl/protocol.py: all_gather_data_proto (the ≤v0.5 TP/SP
+    pre-processing); returns a new DataProto."""
     from labkit.protocol import DataProto
 
     tensors = {}
@@ -271,7 +308,9 @@ def all_gather_data_proto(data: Any, group: Any = None, timeout_s: float | None 
         for key in sorted(data.batch.keys()):
             value = data.batch[key]
             moved = value.to(_STATE.device) if _STATE and _STATE.device != "cpu" else value
-            tensors[key] = torch.cat([p.to(value.device) for p in all_gather(moved, group, timeout_s)], dim=0)
-    parts = all_gather_object(data.non_tensor_batch, group, timeout_s)
+            parts = all_gather(moved, group, timeout_s, "all_gather(data_proto)", False)
+            tensors[key] = torch.cat([p.to(value.device) for p in parts], dim=0)
+    parts = all_gather_object(data.non_tensor_batch, group, timeout_s, _count=False)
     non_tensors = {k: np.concatenate([p[k] for p in parts], axis=0) for k in data.non_tensor_batch}
+    _COUNTS["all_gather(data_proto)"] += 1
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=data.meta_info)

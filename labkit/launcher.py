@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -116,6 +117,27 @@ class RankHost:
             return {"rank": self.rank, "pid": self.pid, "pg_destroyed": False, "error": repr(exc)}
 
 
+def pid_alive(pid: int) -> bool:
+    """True while /proc/<pid> exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait until every pid is gone; SIGKILL the rank processes still there after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in (p for p in pids if pid_alive(p)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 # ---- local processes ----------------------------------------------------------------------------------------------
 def _send(conn: Any, obj: Any) -> None:
     conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
@@ -153,20 +175,46 @@ def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict) -> None:
     host.shutdown()
 
 
+FORKSERVER_PRELOAD = ["labkit.launcher", "labkit.protocol", "torch.distributed.device_mesh"]
+
+
+def stop_forkserver() -> None:
+    """Stop multiprocessing's fork server (started by the first local group; it holds the preloaded imports)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 class LocalLauncher:
-    """W spawned processes on this machine; same interface as RayLauncher."""
+    """W rank processes on this machine, forked from a preloaded fork server (default) or spawned; same interface as
+    RayLauncher. The fork server costs one torch/tensordict import per driver instead of one per rank."""
 
     name = "local"
 
-    def __init__(self, world_size: int, host_kwargs: list[dict]) -> None:
+    def __init__(self, world_size: int, host_kwargs: list[dict], start_method: str | None = None) -> None:
         import torch.multiprocessing as mp
 
-        ctx = mp.get_context("spawn")
+        method = start_method or os.environ.get("LABKIT_START_METHOD", "forkserver")
+        if method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {method!r}")
+        ctx = mp.get_context(method)
+        if method == "forkserver":  # one process imports torch/tensordict once; ranks are forked from it
+            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.world_size = world_size
-        self.procs, self.conns, self.status_conns = [], [], []
+        self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
         self._next_id = 0
-        for rank in range(world_size):
+        try:
+            self._spawn(ctx, host_kwargs)
+        except BaseException:
+            self.close(graceful_s=0.0)
+            raise
+        self.pids = [p.pid for p in self.procs]
+
+    def _spawn(self, ctx: Any, host_kwargs: list[dict]) -> None:
+        for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
             sparent, schild = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=local_rank_main, args=(child, schild, host_kwargs[rank]),
@@ -177,7 +225,7 @@ class LocalLauncher:
             self.procs.append(proc)
             self.conns.append(parent)
             self.status_conns.append(sparent)
-        self.pids = [p.pid for p in self.procs]
+            self.pids = [p.pid for p in self.procs]
 
     def wait_ready(self, timeout_s: float) -> dict[int, dict]:
         """Ready envelopes by rank (a rank that died or stayed silent gets an error envelope)."""
@@ -190,7 +238,8 @@ class LocalLauncher:
             if any(not e["ok"] for e in out.values()):
                 break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
         for rank in range(self.world_size):
-            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "TimeoutError",
+            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "NotReady",
+                                  "pending": True,
                                   "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
                                              f"(start_timeout_s={timeout_s:g})", "traceback": ""})
         return out

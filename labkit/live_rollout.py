@@ -134,7 +134,8 @@ class LiveRollout:
         return predict(self.cfg, batch, dispatch)
 
     def run(self, batch: DataProto | None = None, *, dispatch: str = "mesh", seed: int = 0,
-            do_sample: bool | None = None, temperature: float | None = None) -> tuple[DataProto, StepTrace]:
+            do_sample: bool | None = None, temperature: float | None = None,
+            ignore_eos: bool = False) -> tuple[DataProto, StepTrace]:
         """One rollout: repeat n (interleaved), dispatch, generate, collect; returns (output, the call's live trace)."""
         s = self.sizes
         batch = batch if batch is not None else self.batch(seed)
@@ -143,7 +144,8 @@ class LiveRollout:
         out = rollout.generate(self.wg, batch, s["n"], dispatch=dispatch, seed=seed,
                                do_sample=s["do_sample"] if do_sample is None else do_sample,
                                temperature=s["temperature"] if temperature is None else temperature,
-                               top_k=s["top_k"], top_p=s["top_p"], response_length=s["response_length"])
+                               top_k=s["top_k"], top_p=s["top_p"], response_length=s["response_length"],
+                               ignore_eos=ignore_eos)
         elapsed = time.perf_counter() - t0
         trace = self.wg.reset_trace()
         trace.stages[:0] = [StageRecord("dataloader", "dataloader batch", len(batch), "prompts"),

@@ -283,7 +283,7 @@ def _long(idx: list[int]) -> Any:
 
 
 def rearrange_tensordict(batch: Any, max_token_len: int, **kwargs: Any) -> tuple[list[Any], MicroBatchPlan]:
-    """rearrange_micro_batches on a TensorDict (nested `input_ids`, or padded `attention_mask`): micro-batches + plan."""
+    """rearrange_micro_batches on a TensorDict (nested `input_ids` or padded `attention_mask`): micro-batches, plan."""
     import torch
 
     input_ids = batch["input_ids"]

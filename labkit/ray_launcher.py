@@ -191,7 +191,8 @@ class RayLauncher:
             if any(not e["ok"] for e in out.values()):
                 break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
         for rank in range(self.world_size):
-            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "TimeoutError",
+            out.setdefault(rank, {"ok": False, "rank": rank, "method": "__init__", "exc_type": "NotReady",
+                                  "pending": True,
                                   "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
                                              f"(start_timeout_s={timeout_s:g})", "traceback": ""})
             self.pids[rank] = out[rank].get("pid")

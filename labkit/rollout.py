@@ -34,13 +34,15 @@ DEFAULT_RESPONSE_LENGTH = 32
 def load_rollout_model(model_path: str | None = None, dtype: str = "float32") -> tuple[torch.nn.Module, str]:
     """(model in eval mode, where it came from). Without ``model_path`` and without the shipped weights in
     data/tiny-qwen2, a random-init tiny Qwen2 (seed 0, identical on every rank) stands in."""
+    from transformers import Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
     from labkit import tiny_model
 
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars from every rank
     folder = Path(model_path) if model_path else tiny_model.TINY_MODEL_DIR
     if (folder / "model.safetensors").exists() or model_path:
         return tiny_model.load_tiny_model(folder, dtype=getattr(torch, dtype)), str(folder)
-    from transformers import Qwen2ForCausalLM
-
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(tiny_model.build_config(attn_implementation="sdpa")).to(getattr(torch, dtype))
     return model.eval(), f"random init (seed 0): {folder}/model.safetensors is not there yet"
@@ -81,10 +83,12 @@ def postprocess(prompts: torch.Tensor, prompt_mask: torch.Tensor, prompt_positio
     the first EOS set to pad, masks and position ids concatenated (response positions continue from the prompt's last).
     Mirrors verl/workers/rollout/vllm_rollout (v0.6) output assembly and agent_loop._agent_loop_postprocess widths."""
     resp = sequences[:, prompts.shape[1]:][:, :response_length]
-    if resp.shape[1] < response_length:
-        fill = resp.new_full((resp.shape[0], response_length - resp.shape[1]), pad_token_id)
+    generated = resp.shape[1]
+    if generated < response_length:
+        fill = resp.new_full((resp.shape[0], response_length - generated), pad_token_id)
         resp = torch.cat([resp, fill], dim=1)
     resp_mask = response_mask_from_eos(resp, eos_token_id)
+    resp_mask[:, generated:] = 0  # right padding added here is never a response token, even when pad != EOS
     resp = resp.masked_fill(resp_mask == 0, pad_token_id)
     delta = torch.arange(1, response_length + 1, dtype=prompt_position_ids.dtype).unsqueeze(0)
     return {"prompts": prompts, "responses": resp, "response_mask": resp_mask,
@@ -95,12 +99,16 @@ def postprocess(prompts: torch.Tensor, prompt_mask: torch.Tensor, prompt_positio
 
 
 def generation_kwargs(do_sample: bool, temperature: float, top_k: int, top_p: float, response_length: int,
-                      eos_token_id: int | list[int], pad_token_id: int) -> dict[str, Any]:
-    """HF ``generate`` arguments for verl's sampling keys (top_k=-1 means off; greedy passes no warpers)."""
+                      eos_token_id: int | list[int], pad_token_id: int, ignore_eos: bool = False) -> dict[str, Any]:
+    """HF ``generate`` arguments for verl's sampling keys (top_k=-1 means off; greedy passes no warpers).
+
+    ignore_eos (benchmarks): every row generates response_length tokens (HF min_new_tokens masks EOS until then)."""
     if response_length < 1:
         raise ValueError(f"response_length must be >= 1, got {response_length}")
     kw: dict[str, Any] = dict(max_new_tokens=int(response_length), eos_token_id=eos_token_id,
                               pad_token_id=pad_token_id, do_sample=bool(do_sample))
+    if ignore_eos:
+        kw["min_new_tokens"] = int(response_length)
     if do_sample:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature} (use do_sample=False)")
@@ -158,6 +166,10 @@ class RolloutWorker(Worker):
         self.register_group("infer_tp", self.tp_group, "tp_rank", "rollout")
         self.model, source = load_rollout_model(self.model_path, self.dtype)
         total = sum(p.numel() for p in self.model.parameters())
+        digest = float(sum(p.detach().double().sum() for p in self.model.parameters()))
+        seen = {(s, d) for s, d in dist.all_gather_object((source, digest))}
+        if len(seen) > 1:  # e.g. the weights folder changed while ranks were loading: TP shards would not fit
+            raise RuntimeError(f"rank {self.rank}: ranks loaded different weights: {sorted(seen)}")
         if self.tp > 1:
             shard_model_for_tp(self.model, self.tp_group)
         return {"rank": self.rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank,
@@ -180,6 +192,7 @@ class RolloutWorker(Worker):
         return {"config": self.model.config.to_dict() if self.model is not None else None}
 
     def _generate(self, prompts: DataProto) -> DataProto:
+        from labkit.tp_comms import tp_collective_counts
         from labkit.tp_model import tp_generate
 
         if self.model is None:
@@ -198,15 +211,19 @@ class RolloutWorker(Worker):
         pos = prompts.batch["position_ids"] if "position_ids" in prompts.batch.keys() else \
             (mask.long().cumsum(1) - 1).clamp(min=0)
         kw = generation_kwargs(meta.get("do_sample", True), meta.get("temperature", 1.0), meta.get("top_k", -1),
-                               meta.get("top_p", 1.0), response_length, eos, pad)
+                               meta.get("top_p", 1.0), response_length, eos, pad, meta.get("ignore_eos", False))
         # one sampling stream per rollout replica (dp group), shared by its TP ranks so they draw identical tokens
         seed = int(meta.get("seed", 0)) * 1_000_003 + self.dp_rank
+        before = tp_collective_counts()
         t0 = time.perf_counter()
         seqs = tp_generate(self.model, ids, mask, kw, seed=seed, sync_logits=self.sync_logits)
         gen_s = time.perf_counter() - t0
+        tp_calls = {k: v - before.get(k, 0) for k, v in tp_collective_counts().items() if v != before.get(k, 0)}
         tensors = postprocess(ids, mask, pos, seqs, eos, pad, response_length)
         metrics = {"rank": self.rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "rows": len(prompts),
-                   "gen_s": gen_s, "response_tokens": int(tensors["response_length"].sum())}
+                   "gen_s": gen_s, "response_tokens": int(tensors["response_length"].sum()),
+                   "forward_steps": int(seqs.shape[1] - ids.shape[1]), "tp_all_reduce": tp_calls.get("all_reduce", 0),
+                   "tp_broadcast": tp_calls.get("broadcast", 0)}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),
                                    meta_info={"metrics": [metrics]})
 
@@ -240,7 +257,7 @@ def make_gen_batch(B: int, seed: int, prompt_length: int = DEFAULT_PROMPT_LENGTH
 
 
 def repeat_for_rollout(batch: DataProto, n: int) -> DataProto:
-    """``batch.repeat(n, interleave=True)``: the n samples of a prompt adjacent (a,a,…,b,b,…), uid repeated with them.
+    """``batch.repeat(n, interleave=True)``: the n samples of a prompt adjacent (a,a,…,b,b,…), uid repeated too.
 
     Mirrors RayPPOTrainer.fit: gen_batch.repeat(repeat_times=rollout.n, interleave=True)."""
     if not isinstance(n, int) or n < 1:
@@ -250,12 +267,14 @@ def repeat_for_rollout(batch: DataProto, n: int) -> DataProto:
 
 def generate(wg: Any, batch: DataProto, n: int = 1, *, dispatch: str = "mesh", do_sample: bool = True,
              temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0, response_length: int | None = None,
-             seed: int = 0, stage: str = "generate") -> DataProto:
+             seed: int = 0, ignore_eos: bool = False, stage: str = "generate") -> DataProto:
     """Repeat ``batch`` n times (interleaved), dispatch it to the group's rollout and collect; the live trace records
     the call under ``stage``. ``dispatch``: "mesh" (v0.6-0.7 nd dispatch) or "all_gather" (<=v0.5 variant)."""
     if dispatch not in METHODS:
         raise ValueError(f"dispatch must be one of {list(METHODS)}, got {dispatch!r}")
     gen = repeat_for_rollout(batch, n)
     gen.meta_info = dict(batch.meta_info, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                         seed=seed, **({} if response_length is None else {"response_length": response_length}))
+                         seed=seed, ignore_eos=ignore_eos)
+    if response_length is not None:
+        gen.meta_info["response_length"] = response_length
     return wg.call(METHODS[dispatch], gen, _stage=stage)

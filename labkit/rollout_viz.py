@@ -106,3 +106,13 @@ def rollout_panel(base_overrides: Sequence[str] = (), launcher: str = "auto"):
 
     button.on_click(on_click)
     return W.VBox([W.HBox([n, tp, disp, button]), out])
+
+
+def params_per_rank(info: Sequence[dict]) -> go.Figure:
+    """Parameters each rank holds after TP sharding (from init_model's report), against the full model."""
+    x = [f"rank {i['rank']}<br>TP group {i['tp_group']}" for i in info]
+    y = [i["params_local"] for i in info]
+    fig = go.Figure(go.Bar(x=x, y=y, text=y, textposition="auto", marker_color=PALETTE[4]))
+    fig.add_hline(y=info[0]["params_full"], line_dash="dash", annotation_text=f"full model {info[0]['params_full']}")
+    return _layout(fig, "parameters held per rank (embeddings and norms replicated, heads and MLP sharded)",
+                   "global rank", "parameters (count)")

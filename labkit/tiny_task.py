@@ -1,9 +1,8 @@
 """The tiny synthetic task: puzzles on strings of distinct digits whose answers vary in length, and their rule reward.
 
-A prompt is ``"<op> <digits>="``, e.g. ``"rev 3917="``; the answer is a digit string of 1 to 20 characters
+A prompt is ``"<op> <digits>="``, e.g. ``"rev 3917="``; the answer is a digit string of 1 to 10 characters
 (``"7193"``), ended by the EOS token. Qwen2's pre-tokenizer isolates every digit, so answer lengths in tokens equal
-answer lengths in characters and rollouts stop at different lengths. Digits within a prompt are distinct, which
-lets a tiny model solve copy/reverse by looking a digit up in the prompt (an induction-style lookup).
+answer lengths in characters and rollouts stop at different lengths. Digits within a prompt are distinct.
 
 The reward mirrors verl's rule rewards (verl/utils/reward_score/gsm8k.py: compute_score): ``score`` (1.0) for the exact
 answer, ``format_score`` (0.0 by default) for a well-formed but wrong answer, 0.0 otherwise.
@@ -19,16 +18,18 @@ from typing import Sequence
 EOS_TOKEN = "<|endoftext|>"
 
 # op -> (min digits, max digits) of the operand (distinct digits, so at most 10); answer lengths follow from these.
+# The set-based ops (sort, desc, miss, max, len) are learnt quickly; rev needs an induction-style lookup and stays
+# hard for the tiny model, which leaves room for RL to improve.
 OPS: dict[str, tuple[int, int]] = {
-    "copy": (1, 10),  # repeat the digits           -> answer length 1..10
-    "rev": (1, 10),   # reverse the digits          -> answer length 1..10
-    "sort": (1, 10),  # sort the digits ascending   -> answer length 1..10
-    "dup": (1, 10),   # write every digit twice     -> answer length 2..20
+    "sort": (1, 10),  # the digits ascending        -> answer length 1..10
+    "desc": (1, 10),  # the digits descending       -> answer length 1..10
+    "miss": (1, 9),   # the absent digits ascending -> answer length 1..9
+    "rev": (1, 10),   # the digits reversed         -> answer length 1..10
     "len": (1, 10),   # how many digits             -> answer length 1..2
     "max": (2, 10),   # the largest digit           -> answer length 1
 }
-MAX_ANSWER_LEN = 20
-_PROMPT_RE = re.compile(r"^(copy|rev|sort|dup|len|max) ([0-9]+)=$")
+MAX_ANSWER_LEN = 10
+_PROMPT_RE = re.compile(r"^(sort|desc|miss|rev|len|max) ([0-9]+)=$")
 _DIGITS_RE = re.compile(r"^[0-9]+$")
 
 
@@ -43,14 +44,14 @@ class TinyExample:
 
 def solve(op: str, digits: str) -> str:
     """The reference answer of one op on a digit string."""
-    if op == "copy":
-        return digits
-    if op == "rev":
-        return digits[::-1]
     if op == "sort":
         return "".join(sorted(digits))
-    if op == "dup":
-        return "".join(c + c for c in digits)
+    if op == "desc":
+        return "".join(sorted(digits, reverse=True))
+    if op == "miss":
+        return "".join(c for c in "0123456789" if c not in digits)
+    if op == "rev":
+        return digits[::-1]
     if op == "len":
         return str(len(digits))
     if op == "max":

@@ -232,6 +232,8 @@ def ulysses_attention_forward(
     if sp <= 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("labkit's Ulysses attention has no sliding window; use a full-attention config")
     position_ids = kwargs.get("position_ids")
     if position_ids is None:
         raise ValueError("Ulysses attention needs position_ids (the packed row's restarting positions); got None")

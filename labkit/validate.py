@@ -4,8 +4,11 @@
 start-up (``verl/utils/config.py: validate_config``), worker init (legacy ``fsdp_workers.py`` normalisation and
 asserts, or the 0.9.1 ``engine_workers.py`` asserts), and step 1 (agent-loop split, ``_balance_batch``,
 dispatch, micro-batching, mini-batching) — and returns a ``Report``. ``raise_for(cfg)`` raises what verl would
-raise first, with verl's exact message. Rules live in ``validate_rules``/``validate_step``; fixes in
-``validate_fixes``.
+raise first, with verl's exact message. Rules live in ``validate_rules`` (start-up), ``validate_workers``
+(worker init) and ``validate_step`` (step 1); fixes in ``validate_fixes``.
+
+A ``Finding``'s ``fixes`` are alternatives, each one Hydra-style override string (several overrides separated
+by spaces, ``~key`` = back to verl's default) that was re-checked to make the whole config pass.
 """
 
 from __future__ import annotations
@@ -13,15 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.config import VerlConfig
-from labkit.validate_fixes import search
-from labkit.validate_rules import ERROR, NOTICE, PASS, SILENT, Finding, Run, Snap, startup_checks, worker_checks
+from labkit.validate_fixes import FIXED, Searcher
+from labkit.validate_rules import ERROR, NOTICE, PASS, SILENT, Finding, Run, Snap, startup_checks
 from labkit.validate_step import step_checks
+from labkit.validate_workers import worker_checks
 
 __all__ = [
     "Finding", "Report", "check", "raise_for", "VerlCheckError", "VerlAssertionError", "VerlValueError",
     "dp_size", "normalized_mini", "rows_per_rank", "mini_batch_arithmetic",
 ]
-FIX_BUDGET = 60  # re-checks the fix search may spend per check() call
+FIX_BUDGET = 80  # re-checks the fix search may spend per check() call (memoised)
 
 
 @dataclass
@@ -80,7 +84,6 @@ class Report:
         return "\n".join(lines)
 
 
-_FIXED = {"S1": "S1", "S2": "S1", "E31": "E31", "N2": "N2"}  # non-error findings that get fixes (S2 shares S1's)
 _SHOWN = ("E1", "E20", "E21", "GA", "E23", "E26", "E38", "E27", "E28", "E29", "E30", "E31", "S1", "S2", "S3")
 
 
@@ -104,7 +107,7 @@ def check(cfg: VerlConfig, num_attention_heads: int | None = None, num_key_value
     """
     s, checks = _evaluate(cfg, num_attention_heads, num_key_value_heads, max_seq_len)
     if fixes:
-        budget, memo = [FIX_BUDGET], {}
+        memo: dict = {}
 
         def ev(c: VerlConfig) -> tuple[Snap, list[Finding]]:
             key = tuple(sorted(c.values.items(), key=lambda kv: kv[0]))
@@ -112,13 +115,14 @@ def check(cfg: VerlConfig, num_attention_heads: int | None = None, num_key_value
                 memo[key] = _evaluate(c, num_attention_heads, num_key_value_heads, max_seq_len, passes=False)
             return memo[key]
 
+        searcher = Searcher(cfg, s, checks, ev, FIX_BUDGET)
         done: dict[tuple, list[str]] = {}
-        for f in [c for c in checks if c.severity == ERROR] + [c for c in checks if c.code in _FIXED]:
-            alias = (_FIXED.get(f.code, f.code), f._role)
-            if alias in done:
-                f.fixes = list(done[alias])
-            elif budget[0] > 0:
-                f.fixes = done[(f.code, f._role)] = search(cfg, f, s, ev, budget)
+        others = [c for c in checks if c.code in FIXED and c.severity in (SILENT, NOTICE)]
+        for f in [c for c in checks if c.severity == ERROR] + others:
+            alias = (FIXED.get(f.code, f.code), f._role)
+            if alias not in done and searcher.budget > 0:
+                done[alias] = searcher.fixes_for(f)
+            f.fixes = list(done.get(alias, []))
     return Report(cfg.profile, checks)
 
 
@@ -165,13 +169,17 @@ def raise_for(cfg: VerlConfig, num_attention_heads: int | None = None, num_key_v
 
 
 # -- normalised quantities the planner needs, per profile, never raising -----------------------------------------
+def _sp(cfg: VerlConfig, role: str) -> int:
+    """Ulysses size a role's DP mesh uses (the engine's critic engine always uses 1)."""
+    if role == "critic":
+        return cfg.get("critic.ulysses_sequence_parallel_size") if cfg.profile == "legacy" else 1
+    key = "actor_rollout_ref.ref" if role == "ref" else "actor_rollout_ref.actor"
+    return cfg.get(f"{key}.ulysses_sequence_parallel_size")
+
+
 def dp_size(cfg: VerlConfig, role: str = "actor") -> int:
     """DP size of a role: W // sp (the engine's critic ignores critic.ulysses_sequence_parallel_size)."""
-    W = cfg.n_gpus
-    if role == "critic":
-        return W // cfg.get("critic.ulysses_sequence_parallel_size") if cfg.profile == "legacy" else W
-    key = "actor_rollout_ref.ref" if role == "ref" else "actor_rollout_ref.actor"
-    return W // cfg.get(f"{key}.ulysses_sequence_parallel_size")
+    return cfg.n_gpus // _sp(cfg, role)
 
 
 def normalized_mini(cfg: VerlConfig, role: str = "actor") -> int | None:
@@ -195,9 +203,9 @@ def rows_per_rank(cfg: VerlConfig, role: str = "actor") -> int | None:
 def mini_batch_arithmetic(cfg: VerlConfig, role: str = "actor") -> str:
     """The normalisation as the reports write it, e.g. "M' = (60 x 12) // (6 // 1) = 120"."""
     M = cfg.get("critic.ppo_mini_batch_size" if role == "critic" else "actor_rollout_ref.actor.ppo_mini_batch_size")
-    n, W = cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus
-    sp = W // dp_size(cfg, role) if dp_size(cfg, role) else 0
+    n, W, sp = cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role)
     mini = normalized_mini(cfg, role)
     if cfg.profile == "legacy":
         return f"M' = ({M} x {n}) // ({W} // {sp}) = {mini}"
-    return f"mini per rank = ({M} x {n}) / ({W} // {sp}) = {mini if mini is not None else f'{M * n}/{W // sp}'}"
+    shown = mini if mini is not None else f"{M * n}/{W // sp} (not whole)"
+    return f"mini per rank = ({M} x {n}) / ({W} // {sp}) = {shown}"

@@ -86,7 +86,8 @@ def candidates(f: Finding, s: Snap) -> list[Change]:
         sec = R if role == "rollout" else RF
         Dr = D if s.legacy or role == "rollout" else max(1, s.W // s.rf_sp)
         vals = _near_divisors(s.N // Dr, s.m or 8)
-        base: Change = {f"{sec}.log_prob_micro_batch_size": DEL} if (s.lp_u if role == "rollout" else s.rf_u) is not None else {}
+        dep = s.lp_u if role == "rollout" else s.rf_u
+        base: Change = {f"{sec}.log_prob_micro_batch_size": DEL} if dep is not None else {}
         out = [{**base, f"{sec}.log_prob_micro_batch_size_per_gpu": v} for v in vals]
         if code == "E4":
             out.append({f"{sec}.log_prob_micro_batch_size_per_gpu": DEL})
@@ -98,7 +99,8 @@ def candidates(f: Finding, s: Snap) -> list[Change]:
     if code == "E6" and role == "actor":
         return [{f"{A}.ppo_micro_batch_size": DEL}]
     if code in ("E6", "E7") and role == "ref":
-        return [{f"{RF}.log_prob_micro_batch_size_per_gpu": v} for v in _near_divisors(s.N // max(1, s.W // s.rf_sp), 8)] + [
+        rows = s.N // max(1, s.W // s.rf_sp)
+        return [{f"{RF}.log_prob_micro_batch_size_per_gpu": v} for v in _near_divisors(rows, 8)] + [
             {f"{RF}.log_prob_use_dynamic_bsz": DEL}, {f"{RF}.log_prob_micro_batch_size": DEL}]
     if role == "actor" and code in ("E7", "E10", "E11", "B3", "X1", "E21", "E20", "E30", "S2", "S1", "S4",
                                     "E28", "E29"):
@@ -112,9 +114,10 @@ def candidates(f: Finding, s: Snap) -> list[Change]:
     if role == "critic" and code in ("E13", "E14", "E15", "E17", "X1", "E21", "E22", "X2", "S1", "S2", "S3",
                                      "E28", "E29"):
         deprecated = {f"{C}.ppo_micro_batch_size": DEL} if s.c_u is not None else {}
-        out = [{**deprecated, f"{C}.ppo_micro_batch_size_per_gpu": v} for v in _near_divisors(cm, s.c_m or 8)] if cm else []
+        out = [{**deprecated, f"{C}.ppo_micro_batch_size_per_gpu": v} for v in _near_divisors(cm, s.c_m or 8)]
         Dc = max(1, s.W // s.c_sp if s.legacy else s.W)
-        return out + [{f"{C}.ppo_mini_batch_size": v} for v in _near(lambda v: _mini_ok(s, v, s.c_m, Dc), s.c_M, 1, s.B)]
+        minis = _near(lambda v: _mini_ok(s, v, s.c_m, Dc), s.c_M, 1, s.B)
+        return out + [{f"{C}.ppo_mini_batch_size": v} for v in minis]
     simple = {
         "E8": [{f"{A}.loss_agg_mode": "token-mean"}],
         "E9": [{f"{A}.ppo_mini_batch_size": s.B}, {"data.train_batch_size": s.M}],
@@ -129,18 +132,22 @@ def candidates(f: Finding, s: Snap) -> list[Change]:
         return simple[code]
     if code == "E23":
         rest = s.rdp * s.pp
-        return [{f"{R}.tensor_model_parallel_size": t} for t in _near(lambda t: s.W % (t * rest) == 0, s.tp, 1, s.W)] + [
+        tps = _near(lambda t: s.W % (t * rest) == 0, s.tp, 1, s.W)
+        return [{f"{R}.tensor_model_parallel_size": t} for t in tps] + [
             {"trainer.n_gpus_per_node": g} for g in _near(lambda g: g * s.nnodes % (s.tp * rest) == 0, s.gpn)]
     if code == "E26" and role == "rollout":
         return [{f"{R}.agent.num_workers": v} for v in _near_divisors(s.N, s.A)] + B_fix + n_fix
     if code in ("E26", "E27", "E36", "E38"):
         return B_fix + n_fix
     if code in ("E41", "E42", "X4"):
-        return [{sp_key: v} for v in _sp_values(s, {"critic": s.c_sp, "ref": s.rf_sp}.get(role, s.sp))]
+        out = [{sp_key: v} for v in _sp_values(s, {"critic": s.c_sp, "ref": s.rf_sp}.get(role, s.sp))]
+        if role == "ref":  # the ref's size follows the actor's unless set
+            out += [{f"{A}.ulysses_sequence_parallel_size": v} for v in _sp_values(s, s.sp)]
+        return out
     if code == "E31":
         width = s.max_seq_len if s.max_seq_len is not None and not s.legacy else s.width
-        keys = {"rollout": (f"{R}.log_prob_max_token_len_per_gpu", s.sp), "ref": (f"{RF}.log_prob_max_token_len_per_gpu",
-                                                                                   s.rf_sp),
+        keys = {"rollout": (f"{R}.log_prob_max_token_len_per_gpu", s.sp),
+                "ref": (f"{RF}.log_prob_max_token_len_per_gpu", s.rf_sp),
                 "actor": (f"{A}.ppo_max_token_len_per_gpu", s.sp)}
         pairs = [keys[role]] if role in keys else [(f"{C}.forward_max_token_len_per_gpu", s.c_sp),
                                                    (f"{C}.ppo_max_token_len_per_gpu", s.c_sp)]
@@ -149,23 +156,102 @@ def candidates(f: Finding, s: Snap) -> list[Change]:
 
 
 Evaluate = Callable[[VerlConfig], "tuple[Snap, list[Finding]]"]
+FIXED = {"S1": "S1", "S2": "S1", "E31": "E31", "N2": "N2"}  # non-errors that get fixes (S2 shares S1's)
 
 
-def search(cfg: VerlConfig, f: Finding, s: Snap, evaluate: Evaluate, budget: list[int], depth: int = 2) -> list[str]:
-    """Up to three verified fixes for ``f``, fewest overrides first; each clears f and leaves no error at all."""
-    found: list[tuple[int, int, Change]] = []
-    for i, change in enumerate(candidates(f, s)):
-        if budget[0] <= 0 or sum(len(c) == 1 for _, _, c in found) >= 3:
-            break
-        result = _try(cfg, change, f, evaluate, budget, depth)
-        if result is not None:
-            found.append((len(result), i, result))
-    kept: list[Change] = []
-    for _, _, change in sorted(found, key=lambda t: t[:2]):
-        items = set(map(str, change.items()))
-        if not any(set(map(str, k.items())) <= items for k in kept):  # drop supersets of a smaller fix
-            kept.append(change)
-    return [fmt(c) for c in kept[:3]]
+class Searcher:
+    """Verified fixes for every finding of one config, within a budget of re-checks.
+
+    A greedy repair plan (first error -> its first candidate that clears it -> next error ...) supplies the
+    changes a finding's own candidate needs so that the WHOLE config passes; the merged change is then
+    minimised (plan parts that are not needed are dropped).
+    """
+
+    def __init__(self, cfg: VerlConfig, s: Snap, checks: list[Finding], evaluate: Evaluate, budget: int) -> None:
+        self.cfg, self.s, self.checks, self.evaluate, self.budget = cfg, s, checks, evaluate, budget
+        self.plan: list[Change] | None = None
+
+    def _eval(self, change: Change) -> list[Finding] | None:
+        c = _apply(self.cfg, change)
+        if c is None or self.budget <= 0:
+            return None
+        self.budget -= 1
+        return self.evaluate(c)[1]
+
+    def _passes(self, change: Change, f: Finding) -> bool:
+        """The change clears f (same code and role) and leaves no error anywhere."""
+        checks = self._eval(change)
+        return checks is not None and not any(
+            x.severity == ERROR or x.severity != "pass" and x.code == f.code and x._role == f._role for x in checks)
+
+    def _repair_plan(self) -> list[Change]:
+        """Greedy: repeatedly fix the first error with the first candidate that clears it without adding errors."""
+        plan: list[Change] = []
+        cfg, s, checks = self.cfg, self.s, self.checks
+        for _ in range(8):
+            errors = [x for x in checks if x.severity == ERROR]
+            if not errors:
+                break
+            f = errors[0]
+            for change in candidates(f, s)[:6]:
+                c = _apply(cfg, change)
+                if c is None or self.budget <= 0:
+                    continue
+                self.budget -= 1
+                s2, checks2 = self.evaluate(c)
+                errors2 = [x for x in checks2 if x.severity == ERROR]
+                if len(errors2) <= len(errors) and not any(x.code == f.code and x._role == f._role for x in errors2):
+                    plan.append(change)
+                    cfg, s, checks = c, s2, checks2
+                    break
+            else:
+                break
+        return plan
+
+    def fixes_for(self, f: Finding) -> list[str]:
+        """Up to three fixes for f, fewest overrides first; supersets of a smaller fix are dropped."""
+        if self.plan is None:
+            self.plan = self._repair_plan()
+        found: list[tuple[int, int, Change]] = []
+        for i, change in enumerate(candidates(f, self.s)):
+            if self.budget <= 0 or sum(len(c) == 1 for _, _, c in found) >= 3:
+                break
+            result = self._complete(change, f)
+            if result is not None:
+                found.append((len(result), i, result))
+        if not found and self.plan and self.budget > 0:  # no own candidate works: the (minimised) repair plan
+            result = self._complete({}, f)
+            if result:
+                found.append((len(result), 0, result))
+        kept: list[Change] = []
+        for _, _, change in sorted(found, key=lambda t: t[:2]):
+            items = set(map(str, change.items()))
+            if not any(set(map(str, k.items())) <= items for k in kept):
+                kept.append(change)
+        return [fmt(c) for c in kept[:3]]
+
+    def _complete(self, change: Change, f: Finding) -> Change | None:
+        """change alone if it passes, else change plus the minimal part of the repair plan that makes it pass."""
+        if change and self._passes(change, f):
+            return change
+        extra = [p for p in self.plan if not set(p) & set(change)]
+        if not extra:
+            return None
+        merged = _merge([change] + extra)
+        if not self._passes(merged, f):
+            return None
+        for part in list(extra):  # minimise: drop plan parts this fix does not need
+            trial = [p for p in extra if p is not part]
+            if self._passes(_merge([change] + trial), f):
+                extra = trial
+        return _merge([change] + extra)
+
+
+def _merge(parts: list[Change]) -> Change:
+    out: Change = {}
+    for p in parts:
+        out.update(p)
+    return out
 
 
 def _apply(cfg: VerlConfig, change: Change) -> VerlConfig | None:
@@ -180,25 +266,3 @@ def _apply(cfg: VerlConfig, change: Change) -> VerlConfig | None:
     except ConfigError:
         return None
     return c
-
-
-def _try(cfg: VerlConfig, change: Change, f: Finding, evaluate: Evaluate, budget: list[int],
-         depth: int) -> Change | None:
-    """Apply change; accept if f is gone and nothing errors, else extend it with a fix for the next error."""
-    c = _apply(cfg, change)
-    if c is None or budget[0] <= 0:
-        return None
-    budget[0] -= 1
-    s2, checks = evaluate(c)
-    if any(x.code == f.code and x._role == f._role and x.severity != "pass" for x in checks):
-        return None
-    errors = [x for x in checks if x.severity == ERROR]
-    if not errors:
-        return change
-    if depth <= 1:
-        return None
-    for extra in candidates(errors[0], s2)[:4]:
-        merged = _try(c, extra, errors[0], evaluate, budget, depth - 1)
-        if merged is not None:
-            return {**change, **merged}
-    return None

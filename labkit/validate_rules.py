@@ -6,7 +6,10 @@ worker asserts of ``verl/workers/engine_workers.py`` (0.9.1). Every check is rec
 passed or not, with verl's exact message, so a report can show the arithmetic either way.
 
 Codes are verl-reference.md's E1-E45; labkit adds B1-B3 (engine bare asserts), X1-X4 (Python/torch errors
-verl's code runs into), S1-S4 (silent behaviours) and N1-N4 (printed notices, conditional failures).
+verl's code runs into: ZeroDivisionError, split(0), a None micro size, a Ulysses mesh that does not cover W),
+S1-S4 (silent behaviours), N1-N5 (printed notices, conditional failures) and "GA" (info). Worker-init rules
+live in ``validate_workers``, step-1 rules in ``validate_step``. Not modelled: Megatron (E2) and the 0.8-only
+reward-model micro keys (E5).
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ _SNAP_KEYS = {
     "loss_agg": f"{A}.loss_agg_mode", "rmpad": "actor_rollout_ref.model.use_remove_padding",
     "lora": "actor_rollout_ref.model.lora_rank", "kl_loss": f"{A}.use_kl_loss", "kl_rew": "algorithm.use_kl_in_reward",
     "n": f"{R}.n", "mode": f"{R}.mode", "temp": f"{R}.temperature", "val_sample": f"{R}.val_kwargs.do_sample",
-    "tp": f"{R}.tensor_model_parallel_size", "rdp": f"{R}.data_parallel_size", "pp": f"{R}.pipeline_model_parallel_size",
+    "tp": f"{R}.tensor_model_parallel_size", "rdp": f"{R}.data_parallel_size",
+    "pp": f"{R}.pipeline_model_parallel_size",
     "lp_u": f"{R}.log_prob_micro_batch_size", "lp_m": f"{R}.log_prob_micro_batch_size_per_gpu",
     "lp_dyn": f"{R}.log_prob_use_dynamic_bsz", "lp_tok": f"{R}.log_prob_max_token_len_per_gpu",
     "A": f"{R}.agent.num_workers", "P": f"{R}.prompt_length", "Rl": f"{R}.response_length",
@@ -69,7 +73,14 @@ _SNAP_KEYS = {
 }
 
 
-_UNSET = object()
+def _chain(path: str) -> list[str]:
+    out = [path]
+    while KEYS[out[-1]].follows is not None:
+        out.append(KEYS[out[-1]].follows)
+    return out
+
+
+_CHAINS = {path: _chain(path) for path in _SNAP_KEYS.values()}
 
 
 class Snap:
@@ -78,16 +89,15 @@ class Snap:
     def __init__(self, cfg: VerlConfig, heads: int | None = None, kv_heads: int | None = None,
                  max_seq_len: int | None = None) -> None:
         values = cfg.values
-
-        def resolve(path: str) -> object:  # VerlConfig.get without its bookkeeping (hot in the fix search)
-            v = values.get(path, _UNSET)
-            if v is _UNSET:
-                key = KEYS[path]
-                return key.default if key.follows is None else resolve(key.follows)
-            return cfg.get(path) if isinstance(v, str) and v.startswith("${") else v
-
         for name, path in _SNAP_KEYS.items():
-            setattr(self, name, resolve(path))
+            for p in _CHAINS[path]:  # the key, then the keys it follows (OmegaConf interpolations)
+                if p in values:
+                    v = values[p]
+                    v = cfg.get(p) if isinstance(v, str) and v.startswith("${") else v
+                    break
+            else:
+                v = KEYS[_CHAINS[path][-1]].default
+            setattr(self, name, v)
         self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
         self.W = self.gpn * self.nnodes
         self.need_ref = bool(self.kl_rew or self.kl_loss)
@@ -118,7 +128,7 @@ def mod(a: int, b: int) -> str:
     return f"{a} % {b} = 0" if b and a % b == 0 else f"{a} % {b} != 0"
 
 
-def _mutual(run: Run, name: str, dep: int | None, per_gpu: int | None, where: str, kind: str, role: str,
+def mutual(run: Run, name: str, dep: int | None, per_gpu: int | None, where: str, kind: str, role: str,
             when: str = STARTUP) -> None:
     """validate_config.check_mutually_exclusive / *Config._check_mutually_exclusive: E3/E4, E6/E7, E13/E14."""
     sec = {"lp": name, "actor": "actor", "critic": "critic"}[kind]
@@ -144,32 +154,39 @@ def startup_checks(run: Run, s: Snap) -> None:
         run.add(s.B * n % W != 0, "E1", AE,
                 f"real_train_batch_size ({B * n}) must be divisible by minimal possible batch size ({W})", STARTUP,
                 f"{CFG_PY}: validate_config",
-                [f"real_train_batch_size = B x n = {B} x {n} = {B * n}", f"W = {s.gpn} x {s.nnodes} = {W}", mod(B * n, W)],
-                "Without dynamic batch size, the rollout batch B x n must split evenly over all W GPUs.")
+                [f"real_train_batch_size = B x n = {B} x {n} = {B * n}", f"W = {s.gpn} x {s.nnodes} = {W}",
+                 mod(B * n, W)],
+                "Without dynamic batch size, the rollout batch B x n must split evenly over all W GPUs.",
+                role="trainer")
     post, val = f"{ACTOR_PY}: ActorConfig.__post_init__", f"{ACTOR_PY}: ActorConfig.validate"
     if not s.dyn:
-        _mutual(run, "actor", s.u, s.m, post, "actor", "actor")
+        mutual(run, "actor", s.u, s.m, post, "actor", "actor")
     run.add(s.loss_agg not in LOSS_AGG[s.profile], "E8", VE, f"Invalid loss_agg_mode: {s.loss_agg}", STARTUP, post,
-            [f"allowed: {', '.join(LOSS_AGG[s.profile])}"], "actor.loss_agg_mode is not one verl accepts.")
+            [f"allowed: {', '.join(LOSS_AGG[s.profile])}"], "actor.loss_agg_mode is not one verl accepts.",
+            role="actor")
     if not s.dyn:
         run.add(B < M, "E9", VE, f"train_batch_size ({B}) must be >= actor.ppo_mini_batch_size ({M})", STARTUP, val,
-                [f"{B} {'<' if B < M else '>='} {M}"], "A mini-batch cannot hold more prompts than the training batch.")
+                [f"{B} {'<' if B < M else '>='} {M}"], "A mini-batch cannot hold more prompts than the training batch.",
+                role="actor")
         if s.u is not None:
-            run.add(M % s.u != 0, "E10", VE, f"ppo_mini_batch_size ({M}) must be divisible by ppo_micro_batch_size ({s.u})",
-                    STARTUP, val, [mod(M, s.u)], "The deprecated global micro size must divide the mini-batch.")
+            run.add(M % s.u != 0, "E10", VE,
+                    f"ppo_mini_batch_size ({M}) must be divisible by ppo_micro_batch_size ({s.u})", STARTUP, val,
+                    [mod(M, s.u)], "The deprecated global micro size must divide the mini-batch.",
+                    role="actor")
             run.add(s.u * sp < W, "E11", VE, f"ppo_micro_batch_size ({s.u}) * ulysses_sequence_parallel_size ({sp}) "
                     f"must be >= n_gpus ({W})", STARTUP, val,
                     [f"{s.u} x {sp} = {s.u * sp} {'<' if s.u * sp < W else '>='} {W}"],
-                    "The deprecated global micro size is divided over the DP ranks and must leave at least 1 row each.")
+                    "The deprecated global micro size is divided over the DP ranks and must leave at least 1 row each.",
+                    role="actor")
     run.add(sp > 1 and not s.rmpad, "E12", VE,
             "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.", STARTUP,
             f"{ACTOR_PY}: FSDPActorConfig.validate", [f"ulysses_sequence_parallel_size = {sp}",
                                                       f"model.use_remove_padding = {s.rmpad}"],
-            "Ulysses sequence parallelism slices packed sequences, so padding removal must be on.")
+            "Ulysses sequence parallelism slices packed sequences, so padding removal must be on.", role="actor")
     if not s.dyn:
         if s.need_ref:
-            _mutual(run, RF, s.rf_u, s.rf_m, f"{CFG_PY}: validate_config", "lp", "ref")
-        _mutual(run, R, s.lp_u, s.lp_m, f"{CFG_PY}: validate_config", "lp", "rollout")
+            mutual(run, RF, s.rf_u, s.rf_m, f"{CFG_PY}: validate_config", "lp", "ref")
+        mutual(run, R, s.lp_u, s.lp_m, f"{CFG_PY}: validate_config", "lp", "rollout")
     run.add(bool(s.kl_rew and s.kl_loss), "N1", None, "NOTICE: You have both enabled in-reward kl and kl loss.",
             STARTUP, f"{CFG_PY}: validate_config", ["algorithm.use_kl_in_reward = True", "actor.use_kl_loss = True"],
             "verl only prints this: the KL is applied twice, once in the reward and once in the loss.", NOTICE)
@@ -182,14 +199,15 @@ def startup_checks(run: Run, s: Snap) -> None:
     if s.val_sample:
         run.add(s.temp <= 0, "E19", AE, "validation gen temperature should be greater than 0 when enabling do_sample",
                 STARTUP, f"{CFG_PY}: validate_config", [f"rollout.temperature = {s.temp}"],
-                "With val_kwargs.do_sample the check reads rollout.temperature (not val_kwargs.temperature).")
+                "With val_kwargs.do_sample the check reads rollout.temperature (not val_kwargs.temperature).",
+                role="rollout")
 
 
 def _critic_startup(run: Run, s: Snap) -> None:
     """CriticConfig.__post_init__/validate and FSDPCriticConfig's (E13-E18), as validate_config runs them."""
     post, W = f"{CRITIC_PY}: CriticConfig.__post_init__", s.W
     if not s.c_dyn:
-        _mutual(run, "critic", s.c_u, s.c_m, post, "critic", "critic")
+        mutual(run, "critic", s.c_u, s.c_m, post, "critic", "critic")
         if s.c_u is not None:
             run.add(s.c_M % s.c_u != 0, "E15", VE, f"[critic] ppo_mini_batch_size ({s.c_M}) must be divisible by "
                     f"ppo_micro_batch_size ({s.c_u})", STARTUP, post, [mod(s.c_M, s.c_u)],
@@ -210,124 +228,3 @@ def _critic_startup(run: Run, s: Snap) -> None:
                     f"{CRITIC_PY}: FSDPCriticConfig.validate",
                     [f"{s.c_u} x {s.c_sp} = {s.c_u * s.c_sp} {'<' if s.c_u * s.c_sp < W else '>='} {W}"],
                     "The deprecated critic micro size must leave at least 1 row per DP rank.", role="critic")
-
-
-def mesh_check(run: Run, s: Snap, sp: int, where: str, role: str) -> bool:
-    """X4: the Ulysses (dp, sp) device mesh needs W % sp == 0; returns True when it fails."""
-    return run.add(sp > 1 and s.W % sp != 0, "X4", "RuntimeError",
-                   f"torch init_device_mesh(mesh_shape=({s.W // sp}, {sp}), mesh_dim_names=['dp', 'sp']) cannot cover "
-                   f"a world of {s.W} ranks (exact text depends on the torch version)", INIT, where,
-                   [mod(s.W, sp)] if sp > 1 else [f"sp = {sp}: no Ulysses mesh"],
-                   f"The {role} Ulysses mesh is (W // sp, sp); W must be a multiple of sp.", role=role)
-
-
-def heads_check(run: Run, s: Snap, sp: int, role: str) -> None:
-    """E41/E42: mirrors verl/models/transformers/monkey_patch.py: apply_monkey_patch head asserts."""
-    if s.heads is None and s.kv_heads is None:
-        return
-    where = "verl/models/transformers/monkey_patch.py: apply_monkey_patch"
-    if s.heads is not None:
-        run.add(s.heads % sp != 0, "E41", AE, f"num_attention_heads {s.heads} must be divisible by ulysses_sp_size {sp}",
-                INIT, where, [mod(s.heads, sp)], "Ulysses scatters attention heads over the sp ranks.", role=role)
-    if s.kv_heads is not None:
-        kv = s.kv_heads
-        bad = kv % sp != 0 and sp % kv != 0
-        run.add(bad, "E42", AE, f"num_key_value_heads {kv} must be divisible by ulysses_sp_size {sp}or vise versa. "
-                "Upon ulysses_sp_size % num_key_value_heads == 0,kv heads are repeated to ensure correctness.", INIT,
-                where, [mod(kv, sp), mod(sp, kv)], "KV heads are split over sp, or repeated when sp is a multiple.",
-                role=role)
-
-
-def _legacy_normalize(run: Run, s: Snap, role: str) -> tuple[int | None, int | None]:
-    """Legacy in-worker normalisation (ActorRolloutRefWorker/CriticWorker.__init__): returns (M', micro per GPU)."""
-    actor = role == "actor"
-    sp, M, u, m = (s.sp, s.M, s.u, s.m) if actor else (s.c_sp, s.c_M, s.c_u, s.c_m)
-    where = f"{LEGACY_W}: {'ActorRolloutRefWorker' if actor else 'CriticWorker'}.__init__"
-    sec = "actor_rollout_ref.actor" if actor else "critic"
-    D = s.W // sp
-    Mp = M * s.n // D
-    norm = f"M' = ({M} x {s.n}) // ({s.W} // {sp}) = {Mp}"
-    if actor and run.add(Mp <= 0, "E20", AE, f"ppo_mini_batch_size {Mp} should be larger than 0 after normalization",
-                         INIT, where, [norm], f"The mini-batch M x n = {M * s.n} is smaller than the DP size {D}; "
-                         "the floor gives 0.", role=role):
-        return None, None  # nothing after this assert runs; E21/E22 would only restate it
-    if u is not None:
-        m = u // D
-        run.add(True, "S4", None, f"{sec}.ppo_micro_batch_size {u} is floor-divided to {m} per GPU", INIT, where,
-                [f"{u} // ({s.W} // {sp}) = {m}"], "The deprecated global micro size is divided by the DP size and "
-                "copied into ppo_micro_batch_size_per_gpu.", SILENT, role=role)
-    if m is None:
-        return Mp, None
-    if run.add(m == 0, "X1", "ZeroDivisionError", "integer modulo by zero", INIT, where, [norm, f"{Mp} % 0"],
-               "The deprecated micro size floor-divided to 0 per GPU; the divisibility assert then divides by 0.",
-               role=role):
-        return Mp, m
-    run.add(Mp % m != 0, "E21", AE, f"normalized ppo_mini_batch_size {Mp} should be divisible by "
-            f"ppo_micro_batch_size_per_gpu {m}", INIT, where, [norm, mod(Mp, m)],
-            f"The per-rank mini-batch M' must be a whole number of micro-batches of {m} (checked even with "
-            "use_dynamic_bsz).", role=role)
-    run.add(Mp // m == 0, "E22", AE, f"normalized ppo_mini_batch_size {Mp} should be larger than "
-            f"ppo_micro_batch_size_per_gpu {m}", INIT, where, [norm, f"{Mp} // {m} = {Mp // m}"],
-            "The normalised mini-batch is smaller than one micro-batch.", role=role)
-    if Mp % m == 0 and Mp // m > 0:
-        run.add(False, "GA", None, "", INIT, where, [f"GA = {Mp} // {m} = {Mp // m}"],
-                "Gradient accumulation steps per mini-batch (static micro-batching).", role=role)
-    return Mp, m
-
-
-def _rollout_init(run: Run, s: Snap, where: str) -> None:
-    """RolloutConfig.__post_init__ (E25) then the rollout device mesh assert (E23)."""
-    run.add(s.mode == "sync", "E25", VE, "Rollout mode 'sync' has been removed. Please set "
-            "`actor_rollout_ref.rollout.mode=async` or remove the mode setting entirely.", INIT,
-            "verl/workers/config/rollout.py: RolloutConfig.__post_init__", [f"rollout.mode = {s.mode}"],
-            "Only the async (agent-loop) rollout exists.", role="rollout")
-    iw = s.tp * s.rdp * s.pp
-    run.add(s.W % iw != 0, "E23", AE, f"rollout world_size: {s.W} is not divisible by infer_world_size: {iw}", INIT,
-            where, [f"infer_world_size = tp x dp x pp = {s.tp} x {s.rdp} x {s.pp} = {iw}", mod(s.W, iw)],
-            "Every rollout replica needs tp x dp x pp whole GPUs.", role="rollout")
-
-
-def worker_checks(run: Run, s: Snap) -> dict:
-    """Worker construction and init_model, per profile, in verl's order; returns the legacy normalised sizes."""
-    norm: dict = {}
-    if s.legacy:
-        where = f"{LEGACY_W}: ActorRolloutRefWorker.__init__"
-        if not mesh_check(run, s, s.sp, where, "actor"):
-            D = s.W // s.sp
-            norm["Mp"], norm["actor"] = _legacy_normalize(run, s, "actor")
-            for sec, u, m, role in ((R, s.lp_u, s.lp_m, "rollout"), (RF, s.rf_u, s.rf_m, "ref")):
-                norm[role] = m if u is None else u // D
-                if u is not None and (role == "rollout" or s.need_ref):
-                    run.add(True, "S4", None, f"{sec}.log_prob_micro_batch_size {u} is floor-divided to {u // D} per GPU",
-                            INIT, where, [f"{u} // ({s.W} // {s.sp}) = {u // D}"], "The deprecated global log-prob "
-                            "micro size is divided by the DP size; *_per_gpu keys are never divided.", SILENT, role=role)
-        if s.need_critic and not mesh_check(run, s, s.c_sp, f"{LEGACY_W}: CriticWorker.__init__", "critic"):
-            norm["Mcp"], norm["critic"] = _legacy_normalize(run, s, "critic")
-            Dc = s.W // s.c_sp
-            norm["critic_fwd"] = s.c_fm if s.c_u is None or s.c_fu is None else s.c_fu // Dc
-            heads_check(run, s, s.c_sp, "critic")
-        heads_check(run, s, s.sp, "actor")
-        _rollout_init(run, s, f"{LEGACY_W}: ActorRolloutRefWorker._build_rollout")
-        return norm
-    where = f"{ENGINE_W}: ActorRolloutRefWorker.init_model"
-    if s.need_ref and not s.lora and not s.rf_dyn:
-        _mutual(run, "ref", s.rf_u, s.rf_m, f"{where} (ref ActorConfig.__post_init__)", "actor", "ref", INIT)
-        for f in run.checks[-2:]:
-            f.explanation = ("The ref's log_prob_* keys are renamed to ppo_* and re-checked as an ActorConfig (its "
-                             "messages say 'actor'): " + f.explanation)
-    if s.need_ref and not s.lora and not mesh_check(run, s, s.rf_sp, where, "ref"):
-        heads_check(run, s, s.rf_sp, "ref")
-    run.add(s.dyn != s.lp_dyn, "B1", AE, "", INIT, where,
-            [f"actor.use_dynamic_bsz = {s.dyn}", f"rollout.log_prob_use_dynamic_bsz = {s.lp_dyn}"],
-            "Bare assert: the actor and rollout log-prob use_dynamic_bsz must agree on the engine path.", role="rollout")
-    if not s.dyn:
-        run.add(s.lp_m is None, "B2", AE, "", INIT, where, [f"rollout.log_prob_micro_batch_size_per_gpu = {s.lp_m}"],
-                "Bare assert: the engine reads only the *_per_gpu log-prob key; the deprecated global one is unusable.",
-                role="rollout")
-        run.add(s.m is None, "B3", AE, "", INIT, where, [f"actor.ppo_micro_batch_size_per_gpu = {s.m}"],
-                "Bare assert: the engine reads only actor.ppo_micro_batch_size_per_gpu; the deprecated global "
-                "ppo_micro_batch_size is unusable.", role="actor")
-    if not mesh_check(run, s, s.sp, where, "actor"):
-        heads_check(run, s, s.sp, "actor")
-    _rollout_init(run, s, where)
-    return norm

@@ -3,7 +3,10 @@
 Mirrors the agent-loop split (``AgentLoopManager.generate_sequences``), ``RayPPOTrainer._balance_batch``, the
 DP dispatch of every worker call, static/dynamic micro-batching (legacy ``dp_actor``/``dp_critic``; engine
 ``TrainingWorker.train_mini_batch`` + ``prepare_micro_batches``) and the legacy silent behaviours (ragged
-mini-batches and their loss weights, §7.3 of verl-reference.md).
+mini-batches and their loss weights, §7.3 of verl-reference.md). Both profiles follow the ``RayPPOTrainer``
+(v0) loop of verl-reference.md; verl 0.9.1's default ``trainer.use_v1=true`` trainer instead pads the batch to
+a multiple of lcm(D, M x n, critic M x n) in its ``_balance_batch`` (``trainer/ppo/v1/trainer_base.py``), so
+E38/E27/E28/E29 need not arise there.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def _legacy_update(run: Run, s: Snap, rows: int, Mp: int, micro: int | None, bud
         return
     GA = Mp // micro
     last = _split(minis[-1], micro)
-    run.add(len(last) != GA or minis[-1] % micro != 0, "S2", None,
+    run.add(rows % Mp != 0, "S2", None,
             f"last mini-batch: {len(last)} micro-batches ({_sizes(last)}) each scaled 1/GA = 1/{GA}", STEP1, where,
             [f"GA = {Mp} // {micro} = {GA}", f"last mini-batch weight = {len(last)}/{GA} of a full one"]
             if rows % Mp else [f"GA = {Mp} // {micro} = {GA}"],
@@ -138,7 +141,8 @@ def _engine_update(run: Run, s: Snap, M: int, D: int, micro: int | None, dyn: bo
         return None
     if not dyn and micro is not None:
         run.add(mini % micro != 0, "E30", AE, "data size must be divisible by force_group_size * "
-                "micro_batch_size_per_gpu", STEP1, f"verl/workers/engine/utils.py: prepare_micro_batches ({role} update)",
+                "micro_batch_size_per_gpu", STEP1,
+                f"verl/workers/engine/utils.py: prepare_micro_batches ({role} update)",
                 [f"mini per rank = {mini}", mod(mini, micro)] + ([f"GA = {mini} // {micro} = {mini // micro}"]
                                                                if mini % micro == 0 else []),
                 "Engine static micro-batching needs the per-rank mini-batch divisible by the micro size.", role=role)
@@ -212,9 +216,10 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
             budget = ("critic.ppo_max_token_len_per_gpu", s.c_tok, s.c_sp, "update_critic") if s.c_dyn else None
             _legacy_update(run, s, s.N // Dc, Mcp, micro.get("critic"), budget, "critic")
         return
-    run.add(s.c_sp > 1 or not s.c_dyn, "N3", None, "engine critic: micro-batching is dynamic (EngineConfig.use_dynamic_bsz"
-            " defaults to True) on critic.fsdp's own Ulysses size (1); critic.use_dynamic_bsz, critic.*micro_batch_size*"
-            " and critic.ulysses_sequence_parallel_size are not passed to it", STEP1,
+    run.add(s.c_sp > 1 or not s.c_dyn, "N3", None, "engine critic: micro-batching is dynamic "
+            "(EngineConfig.use_dynamic_bsz defaults to True) on critic.fsdp's own Ulysses size (1); "
+            "critic.use_dynamic_bsz, critic.*micro_batch_size* and critic.ulysses_sequence_parallel_size are not "
+            "passed to it", STEP1,
             f"{FIT}.init_workers -> verl/workers/config/critic.py: FSDPCriticConfig",
             [f"critic.use_dynamic_bsz = {s.c_dyn}", f"critic.ulysses_sequence_parallel_size = {s.c_sp}"],
             "verl 0.9.1 builds the critic's engine from critic.fsdp and only copies the token budgets into it.",

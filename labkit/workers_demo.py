@@ -29,13 +29,13 @@ class DemoWorker(Worker):
         if fail_init_rank == self.rank:
             raise RuntimeError(f"DemoWorker told to fail in __init__ on rank {self.rank}")
         self.actor_mesh = dist.actor_mesh(sp)
-        sp_rank = self.actor_mesh.get_local_rank("sp")
-        self._register_dispatch_collect_info("actor", dp_rank=self.actor_mesh.get_local_rank("dp"),
+        sp_rank = dist.sp_rank(self.actor_mesh)
+        self._register_dispatch_collect_info("actor", dp_rank=dist.dp_rank(self.actor_mesh),
                                              is_collect=sp_rank == 0, sp_rank=sp_rank)
         self.rollout_mesh = dist.rollout_mesh(tp, rdp, pp)
-        tp_rank = self.rollout_mesh.get_local_rank("infer_tp")
+        tp_rank = dist.tp_rank(self.rollout_mesh)
         pp_rank = self.rollout_mesh.get_local_rank("infer_pp")
-        self._register_dispatch_collect_info("rollout", dp_rank=self.rollout_mesh.get_local_rank("dp"),
+        self._register_dispatch_collect_info("rollout", dp_rank=dist.dp_rank(self.rollout_mesh),
                                              is_collect=tp_rank == 0 and pp_rank == 0, tp_rank=tp_rank)
         self.register_group("sp", self.actor_mesh.get_group("sp"), "sp_rank", "actor")
         self.register_group("infer_tp", self.rollout_mesh.get_group("infer_tp"), "tp_rank", "rollout")

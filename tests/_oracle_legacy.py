@@ -1,15 +1,14 @@
-"""Run verl's own micro-batching code as a test oracle (0.9.1 in-process, 0.7.1 in a subprocess).
+"""Run verl's own code as a test oracle: 0.9.1 as installed, 0.7.1's seqlen_balancing.py loaded by path.
 
 verl's rearrange_micro_batches all-reduces over a DP group; here each DP rank is a thread and a fake
-`torch.distributed` reduces across the threads, so many multi-rank cases run in one process. Used as a script,
-it reads cases as JSON on stdin and prints results as JSON (run with PYTHONPATH=.oracle/verl-0.7.1).
+`torch.distributed` reduces across the threads, so many multi-rank cases run in one process. Functions from verl
+files that cannot be imported here (missing optional dependencies) are compiled from their source with `ast`.
 """
 
 from __future__ import annotations
 
 import ast
-import json
-import sys
+import importlib.util
 import threading
 from pathlib import Path
 from typing import Any
@@ -110,15 +109,14 @@ def load_function(path: Path, name: str, namespace: dict, cls: str | None = None
     return namespace[name]
 
 
-def main() -> None:
-    """Script mode: JSON list of cases on stdin -> JSON list of per-rank outcomes on stdout."""
-    import verl
-    from verl.utils import seqlen_balancing as sb
+def load_legacy_module(oracle_root: Path) -> Any:
+    """verl 0.7.1's verl/utils/seqlen_balancing.py as a module (its verl.* imports resolve to the installed 0.9.1).
 
-    cases = json.load(sys.stdin)
-    out = {"version": verl.__version__, "results": [run_rearrange_case(sb, c) for c in cases]}
-    json.dump(out, sys.stdout)
-
-
-if __name__ == "__main__":
-    main()
+    Only DataProto, tensordict_utils.index_select_tensor_dict and get_device_name come from 0.9.1; the partitioning
+    and micro-batch count logic under test is 0.7.1's own.
+    """
+    path = oracle_root / "verl" / "utils" / "seqlen_balancing.py"
+    spec = importlib.util.spec_from_file_location("verl071_seqlen_balancing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

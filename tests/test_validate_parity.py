@@ -93,7 +93,9 @@ base = OmegaConf.load(os.path.join(pkg.__path__[0], "trainer", "config", "_gener
 KEEP = {"policy_loss", "val_kwargs", "agent", "model", "actor", "ref", "rollout"}
 
 def prune(node):  # drop nested blocks validate_config never reads (profiler, optim, fsdp_config, ...)
-    return {k: prune(v) for k, v in node.items() if not isinstance(v, dict) or k in KEEP} if isinstance(node, dict) else node
+    if not isinstance(node, dict):
+        return node
+    return {k: prune(v) for k, v in node.items() if not isinstance(v, dict) or k in KEEP}
 
 tree = OmegaConf.to_container(base, resolve=False)
 tree = {k: prune(tree[k]) for k in ("data", "trainer", "algorithm", "actor_rollout_ref", "critic")}
@@ -119,7 +121,8 @@ def run_prim(name, a):
         DataProto.from_dict({"x": torch.zeros(a[0], 1)}).chunk(a[1])
     elif name == "kk":
         from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
-        get_seqlen_balanced_partitions(calculate_workload(torch.arange(1, a[0] + 1)), k_partitions=a[1], equal_size=True)
+        workloads = calculate_workload(torch.arange(1, a[0] + 1))
+        get_seqlen_balanced_partitions(workloads, k_partitions=a[1], equal_size=True)
     elif name == "td_chunk":
         from verl.utils.tensordict_utils import chunk_tensordict
         chunk_tensordict(td(a[0]), a[1])
@@ -256,7 +259,8 @@ def random_config(rng: random.Random, profile: str) -> VerlConfig:
 
 SEED = ["data.train_batch_size=60", f"{RO}.n=12", "trainer.n_gpus_per_node=6", f"{ACT}.ppo_mini_batch_size=60",
         f"{ACT}.ppo_micro_batch_size_per_gpu=8", f"{RO}.log_prob_micro_batch_size_per_gpu=8",
-        f"{REF}.log_prob_micro_batch_size_per_gpu=8", "algorithm.adv_estimator=gae", "critic.model.use_remove_padding=true"]
+        f"{REF}.log_prob_micro_batch_size_per_gpu=8", "algorithm.adv_estimator=gae",
+        "critic.model.use_remove_padding=true"]
 TARGETED = [  # one config per rarer message, so every check is exercised whatever the random draw
     ["critic.ppo_micro_batch_size=4"],                                                       # E14 (the quirk)
     ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=64"],              # E16
@@ -275,15 +279,16 @@ TARGETED = [  # one config per rarer message, so every check is exercised whatev
 ]
 
 
-DYN1 = [f"{ACT}.use_dynamic_bsz=true", f"{RO}.n=1", f"{RO}.agent.num_workers=1"]
-# (profile, overrides on SEED_EXAMPLE (GRPO), check() kwargs, expected first-error code, verl primitive + sizes derived here from
-# the config by hand: N = B x n, D = W // sp, rows = N // D, mini = M x n // D, width = prompt + response length)
+DYN1 = [f"{ACT}.use_dynamic_bsz=true", f"{RO}.n=1", f"{RO}.agent.num_workers=1", f"~{ACT}.ppo_micro_batch_size_per_gpu"]
+# (profile, overrides on SEED_EXAMPLE (GRPO), check() kwargs, expected first-error code, verl primitive + sizes
+# derived here from the config by hand: N = B x n, D = W // sp, rows = N // D, mini = M x n // D,
+# width = prompt + response length)
 STEP_CASES = [
     ("legacy", [f"{RO}.n=13", f"{ACT}.ppo_micro_batch_size_per_gpu=10"], {}, "E26", ("dp_chunk", 60 * 13, 8)),
     ("engine", [f"{RO}.n=13", f"{ACT}.ppo_micro_batch_size_per_gpu=10"], {}, "E26", ("dp_chunk", 60 * 13, 8)),
     ("legacy", DYN1 + ["data.train_batch_size=61"], {}, "E38", ("kk", 61, 6)),
     ("engine", DYN1 + ["data.train_batch_size=61"], {}, "E38", ("kk", 61, 6)),
-    ("legacy", DYN1 + ["data.train_batch_size=2", f"{ACT}.ppo_mini_batch_size=2"], {}, "E36", ("kk", 2, 6)),
+    ("legacy", DYN1 + ["data.train_batch_size=2", f"{ACT}.ppo_mini_batch_size=6"], {}, "E36", ("kk", 2, 6)),
     ("legacy", DYN1 + ["data.train_batch_size=61", "trainer.balance_batch=false"], {}, "E26", ("dp_chunk", 61, 6)),
     ("engine", DYN1 + ["data.train_batch_size=61", "trainer.balance_batch=false"], {}, "E27", ("td_chunk", 61, 6)),
     ("engine", [f"{ACT}.ppo_mini_batch_size=25", f"{ACT}.ppo_micro_batch_size_per_gpu=10"], {}, "E29",
@@ -415,8 +420,8 @@ def test_first_step1_error_matches_verl_primitive(parity, profile):
 
 
 def test_parity_stays_fast(parity):
-    """Both oracles (import + every config) finish in bounded time; the imports dominate (~20 s each)."""
-    assert parity[2] < 150, f"oracle subprocesses took {parity[2]:.0f} s"
+    """Both oracles (import + every config) finish in bounded time; the two verl imports dominate."""
+    assert parity[2] < 240, f"oracle subprocesses took {parity[2]:.0f} s"
 
 
 def test_oracle_defaults_match_labkit_for_checked_keys():
@@ -441,5 +446,4 @@ def test_oracle_defaults_match_labkit_for_checked_keys():
             want = omegaconf.OmegaConf.select(conf, key, default=None)
             if cfg.get(key) != want:
                 diffs.append((profile, key, cfg.get(key), want))
-    known = {("legacy", "critic.model.use_remove_padding", True, False)}
-    assert set(diffs) == known, diffs  # the known one is reported to the lead (labkit/config_keys.py)
+    assert not diffs, diffs

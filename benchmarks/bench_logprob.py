@@ -1,0 +1,256 @@
+"""Log-prob forward: padded static vs packed static vs packed dynamic, naive vs chunked log-prob.
+
+Run: .venv/bin/python benchmarks/bench_logprob.py [--cpu-rows N] [--cpu-reps N] [--skip-cpu] [--skip-gpu]
+CPU part: the shipped tiny Qwen2 (fp32, sdpa, one thread) through labkit.logprob.forward_micro_batch, as verl's
+compute_log_prob runs it (verl-reference §7.2): padded path = full rollout width per row (B19), packed path =
+real tokens only. GPU part (only with CUDA): a Qwen2-0.5B-shaped model (random init, bf16), sdpa on the padded path,
+flex_attention on packed rows padded up to a multiple of --pad-multiple (flex recompiles per new length), one warm
+pass then one timed pass per variant, peak memory per variant; stops early past --gpu-budget-s.
+Imports only labkit modules free of ray/tensordict, so it runs on the GPU image (torch + transformers only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from labkit.algo import logprobs_from_logits, logprobs_from_logits_chunked  # noqa: E402
+from labkit.lengths import draw  # noqa: E402
+from labkit.logprob import forward_micro_batch  # noqa: E402
+from labkit.microbatch import rearrange_micro_batches, static_micro_batches  # noqa: E402
+from labkit.packing import compute_position_id_with_mask, pack_micro_batch  # noqa: E402
+from labkit.ulysses import ulysses_pad  # noqa: E402
+
+QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                 tie_word_embeddings=True, rms_norm_eps=1e-6)
+
+
+def make_batch(lengths: list[int], prompt_width: int, response_width: int, vocab: int, seed: int = 0,
+               device: str = "cpu") -> dict[str, torch.Tensor]:
+    """verl-shaped rows: prompts left-padded to ``prompt_width``, responses right-padded to ``response_width``;
+    each total length is split in the width's proportion (at least 1 prompt and 1 response token)."""
+    rng = np.random.default_rng(seed)
+    width = prompt_width + response_width
+    ids = np.zeros((len(lengths), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, total in enumerate(lengths):
+        p = int(np.clip(round(total * prompt_width / width), 1, prompt_width))
+        r = int(np.clip(total - p, 1, response_width))
+        p = int(np.clip(total - r, 1, prompt_width))
+        ids[i, prompt_width - p: prompt_width + r] = rng.integers(1, vocab, size=p + r)
+        mask[i, prompt_width - p: prompt_width + r] = 1
+    ids_t, mask_t = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+    return {"input_ids": ids_t, "attention_mask": mask_t, "position_ids": compute_position_id_with_mask(mask_t),
+            "responses": ids_t[:, prompt_width:].clone()}
+
+
+def select(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    idx = torch.tensor(rows, dtype=torch.long, device=batch["input_ids"].device)
+    return {k: v.index_select(0, idx) for k, v in batch.items()}
+
+
+def plans(lengths: list[int], rows_per_micro: int, budget: int) -> dict[str, list[list[int]]]:
+    """Static micro-batches of ``rows_per_micro`` rows, and verl's dynamic micro-batches under a token budget."""
+    return {"static": static_micro_batches(len(lengths), rows_per_micro, profile="legacy"),
+            "dynamic": rearrange_micro_batches(lengths, budget, profile="engine").indices}
+
+
+def report(name: str, seconds: float, real_tokens: int, fed_tokens: int, peak_gib: float | None = None) -> None:
+    peak = f"  peak {peak_gib:6.2f} GiB" if peak_gib is not None else ""
+    print(f"  {name:34s} {seconds:8.3f} s  {real_tokens / seconds:12,.0f} real tok/s  fed tokens {fed_tokens:>10,}"
+          f"{peak}", flush=True)
+
+
+def ratio_line(label: str, fast: float, slow: float, goal: float | None = None) -> None:
+    verdict = "" if goal is None else ("  GOAL MET" if slow / fast >= goal else f"  GOAL MISSED (< {goal}x)")
+    print(f"  ratio {label}: {slow / fast:.2f}x{verdict}", flush=True)
+
+
+# ---- CPU: the tiny model through labkit.logprob.forward_micro_batch -----------------------------------------------
+def cpu_part(rows: int, reps: int, seed: int) -> dict[str, float]:
+    """Best-of-``reps`` CPU time of each variant on ``rows`` gsm8k-like rows scaled to the tiny model's 128 width."""
+    from labkit.tiny_model import load_tiny_model
+
+    torch.set_num_threads(1)
+    model = load_tiny_model()
+    prompt_w, response_w, rows_per_micro = 64, 64, 8
+    width = prompt_w + response_w
+    # gsm8k-like at 512 + 512, scaled by 1/8 to the 128-token window of the tiny model (median ~43 of 128)
+    lengths = [max(2, -(-x // 8)) for x in draw("gsm8k-like", rows, 1, 512, 512, seed=seed)]
+    batch = make_batch(lengths, prompt_w, response_w, model.config.vocab_size, seed)
+    budget = rows_per_micro * width  # the padded static micro-batch's token count: same logits memory bound
+    micro = plans(lengths, rows_per_micro, budget)
+    real = int(sum(lengths))
+    print(f"CPU part: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} params, V={model.config.vocab_size}), "
+          f"{rows} rows, width {width}, {real:,} real tokens, static {rows_per_micro} rows/micro "
+          f"({len(micro['static'])} micro), dynamic budget {budget} ({len(micro['dynamic'])} micro)", flush=True)
+    variants: dict[str, tuple[str, bool, bool]] = {  # name: (plan, use_remove_padding, chunked)
+        "A padded static, naive": ("static", False, False),
+        "B packed static, naive": ("static", True, False),
+        "C packed dynamic, naive": ("dynamic", True, False),
+        "D packed dynamic, chunked": ("dynamic", True, True),
+    }
+    micro_batches = {p: [select(batch, r) for r in micro[p]] for p in micro}
+    best, outputs = {}, {}
+    with torch.no_grad():
+        for _ in range(reps):
+            for name, (plan, rmpad, chunked) in variants.items():
+                t0 = time.process_time()
+                out = [forward_micro_batch(model, mb, use_remove_padding=rmpad, chunked=chunked, chunk_size=256)[0]
+                       for mb in micro_batches[plan]]
+                best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
+                order = [i for r in micro[plan] for i in r]
+                outputs[name] = torch.cat(out)[torch.argsort(torch.tensor(order))]
+    resp_mask = batch["attention_mask"][:, prompt_w:].bool()
+    for name in variants:
+        fed = rows * width if not variants[name][1] else real
+        report(name, best[name], real, fed)
+    diff = max(float((outputs[n] - outputs["A padded static, naive"])[resp_mask].abs().max()) for n in variants)
+    print(f"  max |log p - padded log p| over response tokens, all variants: {diff:.2e}", flush=True)
+    ratio_line("B packed static / A padded", best["B packed static, naive"], best["A padded static, naive"])
+    ratio_line("C packed dynamic / A padded", best["C packed dynamic, naive"], best["A padded static, naive"], 1.5)
+    ratio_line("C packed dynamic / B packed static", best["C packed dynamic, naive"], best["B packed static, naive"])
+    ratio_line("D chunked / C naive", best["D packed dynamic, chunked"], best["C packed dynamic, naive"])
+    print("  peak memory: not measured on CPU; logits bytes = fed tokens x V x 4 (fp32): "
+          f"padded {rows_per_micro * width * model.config.vocab_size * 4 / 2**20:.2f} MiB per micro-batch", flush=True)
+    return {**best, "max_diff": diff}
+
+
+# ---- GPU: Qwen2-0.5B shape, bf16, flex_attention on packed rows ----------------------------------------------------
+def _gpu_variant(fn: Callable[[], int], real: int, name: str) -> tuple[float, float]:
+    """Warm pass (compiles), then a timed pass; (seconds, peak GiB of the timed pass)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    fed = fn()
+    torch.cuda.synchronize()
+    sec, peak = time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 2**30
+    report(name, sec, real, fed, peak)
+    return sec, peak
+
+
+def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_s: float, seed: int) -> None:
+    """Padded (sdpa) vs packed static / dynamic (flex_attention); naive vs chunked log-prob on packed dynamic."""
+    if not torch.cuda.is_available():
+        print("GPU part skipped: no CUDA device", flush=True)
+        return
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    start = time.perf_counter()
+    dyn = torch._dynamo.config
+    setattr(dyn, "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit", 64)
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B, attn_implementation="sdpa")).to(torch.bfloat16).eval()
+    prompt_w, response_w, rows_per_micro = 512, 3584, 8
+    lengths = draw("long-reasoning", seqs, 1, prompt_w, response_w, seed=seed)
+    batch = make_batch(lengths, prompt_w, response_w, QWEN2_05B["vocab_size"], seed, device="cuda")
+    micro = plans(lengths, rows_per_micro, budget)
+    real, V = int(sum(lengths)), QWEN2_05B["vocab_size"]
+    weights_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    print(f"GPU part: {torch.cuda.get_device_name()}, Qwen2-0.5B shape ({weights_gib:.2f} GiB bf16 weights), {seqs} "
+          f"seqs, {real:,} real tokens ({seqs * (prompt_w + response_w):,} padded), static {rows_per_micro} rows "
+          f"({len(micro['static'])} micro), dynamic budget {budget} ({len(micro['dynamic'])} micro), packed rows padded "
+          f"to x{pad_multiple}", flush=True)
+    mbs = {p: [select(batch, r) for r in micro[p]] for p in micro}
+
+    def padded_naive() -> int:
+        model.set_attn_implementation("sdpa")
+        fed = 0
+        for mb in mbs["static"]:
+            logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                           position_ids=mb["position_ids"], use_cache=False).logits
+            logprobs_from_logits(logits.float(), torch.roll(mb["input_ids"], -1, 1))  # fp32 log-softmax, all tokens
+            fed += mb["input_ids"].numel()
+            del logits
+        return fed
+
+    def packed(plan: str, mode: str) -> Callable[[], int]:
+        def run() -> int:
+            model.set_attn_implementation("flex_attention")
+            fed = 0
+            for mb in mbs[plan]:
+                p = pack_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+                ids, pos, _ = ulysses_pad(p.input_ids, p.position_ids, pad_multiple)  # pad = its own segment
+                labels = F.pad(p.labels, (0, ids.size(1) - p.labels.size(1)))
+                if mode == "chunked":  # hidden states + LM-head weight: no (T, V) tensor at all
+                    hidden = model.model(input_ids=ids, attention_mask=None, position_ids=pos,
+                                         use_cache=False).last_hidden_state
+                    logprobs_from_logits_chunked(hidden[0], labels[0], chunk_size,
+                                                 lm_head_weight=model.lm_head.weight)
+                else:
+                    logits = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False).logits
+                    if mode == "chunked_logits":  # bf16 (T, V) logits, fp32 only chunk x V
+                        logprobs_from_logits_chunked(logits[0], labels[0], chunk_size)
+                    else:
+                        logprobs_from_logits(logits[0].float(), labels[0])
+                    del logits
+                fed += ids.numel()
+            return fed
+        return run
+
+    variants = {"A padded static, naive (sdpa)": padded_naive,
+                "B packed static, naive (flex)": packed("static", "naive"),
+                "C packed dynamic, naive (flex)": packed("dynamic", "naive"),
+                "D packed dynamic, chunked (flex)": packed("dynamic", "chunked"),
+                "E packed dynamic, chunked logits (flex)": packed("dynamic", "chunked_logits")}
+    res: dict[str, tuple[float, float]] = {}
+    with torch.no_grad():
+        for name, fn in variants.items():
+            if time.perf_counter() - start > budget_s:
+                print(f"  {name}: skipped, past --gpu-budget-s {budget_s:.0f}", flush=True)
+                continue
+            res[name] = _gpu_variant(fn, real, name)
+    keys = list(variants)
+    if keys[0] in res and keys[2] in res:
+        ratio_line("C packed dynamic / A padded", res[keys[2]][0], res[keys[0]][0])
+    if keys[1] in res and keys[2] in res:
+        ratio_line("C packed dynamic / B packed static", res[keys[2]][0], res[keys[1]][0])
+    if keys[2] in res and keys[3] in res:
+        ratio_line("D chunked / C naive (speed)", res[keys[3]][0], res[keys[2]][0], 1.5)
+        mem = res[keys[3]][1] / res[keys[2]][1]
+        print(f"  peak memory D chunked / C naive: {mem:.2f}" + ("  GOAL MET" if mem <= 0.5 else
+              "  GOAL MISSED (> 0.5)"), flush=True)
+        print(f"  predicted naive peak: weights + T x V x 10 B = {weights_gib + budget * V * 10 / 2**30:.1f} GiB "
+              f"at T = {budget}", flush=True)
+    print(f"GPU part done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-rows", type=int, default=256)
+    ap.add_argument("--cpu-reps", type=int, default=3)
+    ap.add_argument("--skip-cpu", action="store_true")
+    ap.add_argument("--skip-gpu", action="store_true")
+    ap.add_argument("--gpu-seqs", type=int, default=256)
+    ap.add_argument("--gpu-token-budget", type=int, default=16384)
+    ap.add_argument("--pad-multiple", type=int, default=512)
+    ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--gpu-budget-s", type=float, default=200.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not args.skip_cpu:
+        cpu_part(args.cpu_rows, args.cpu_reps, args.seed)
+    if args.skip_gpu:
+        print("GPU part skipped: --skip-gpu", flush=True)
+    else:
+        gpu_part(args.gpu_seqs, args.gpu_token_budget, args.pad_multiple, args.chunk_size, args.gpu_budget_s,
+                 args.seed)
+    heavy = sorted(m for m in ("ray", "tensordict") if m in sys.modules)
+    print(f"imported ray/tensordict: {heavy or 'none'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

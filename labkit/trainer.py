@@ -1,0 +1,286 @@
+"""One or more GRPO steps live on a worker group, in verl's order, with verl's metric names and a live trace.
+
+``GRPOTrainer`` starts one group of hybrid-engine workers (``labkit.hybrid_worker.ActorRolloutRefWorker``: actor,
+reference and rollout colocated on the same ranks, as verl's default) and runs, per ``step()``: gen → balance →
+reward → old_log_prob → ref (KL loss only) → adv → update_actor → update_weights, timing each stage as
+``timing_s/<name>``. ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens,
+micro-batches, collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
+Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order) and metric_utils.compute_data_metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from labkit import actor_record as ar
+from labkit import rollout
+from labkit.algo import agg_loss, grpo_outcome_advantage
+from labkit.balance import balance_batch
+from labkit.config import VerlConfig, load_config
+from labkit.controller import WorkerGroup
+from labkit.hybrid_worker import ActorRolloutRefWorker, settings_for
+from labkit.live_rollout import sizes
+from labkit.plan import plan
+from labkit.protocol import DataProto
+from labkit.tiny_task import compute_score
+from labkit.trace import RankRecord, StageRecord, StepTrace
+
+ARR = "actor_rollout_ref"
+DEFAULT_OVERRIDES = (
+    "algorithm.adv_estimator=grpo", "data.train_batch_size=8", f"{ARR}.rollout.n=4", "trainer.n_gpus_per_node=4",
+    f"{ARR}.rollout.tensor_model_parallel_size=1", "data.max_prompt_length=24", "data.max_response_length=32",
+    f"{ARR}.rollout.agent.num_workers=4", f"{ARR}.actor.ppo_mini_batch_size=8",
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=4",
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=4", f"{ARR}.actor.entropy_coeff=0")
+RANK_STAGES = ("generate", "old_log_prob", "ref_log_prob", "update_actor")
+COMPARED = ("balance", "old_log_prob", "ref_log_prob", "update_actor")
+FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tokens", "mini_batches", "collectives")
+
+
+def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
+    """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides."""
+    if isinstance(cfg, VerlConfig):
+        return cfg
+    return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
+
+
+def token_level_scores(batch: DataProto, tokenizer: Any) -> tuple[torch.Tensor, list[float]]:
+    """Rule reward per sample on its last response token (zeros elsewhere), from the decoded response.
+    Mirrors verl/workers/reward_manager/naive.py: NaiveRewardManager.__call__ with tiny_task.compute_score."""
+    resp, mask = batch.batch["responses"], batch.batch["response_mask"]
+    scores = torch.zeros(resp.shape, dtype=torch.float32)
+    values = []
+    for i in range(len(batch)):
+        valid = int(mask[i].sum())
+        text = tokenizer.decode(resp[i, :valid].tolist(), skip_special_tokens=False)
+        values.append(compute_score(str(batch.non_tensor_batch["raw_prompt"][i]), text))
+        if valid:
+            scores[i, valid - 1] = values[-1]
+    return scores, values
+
+
+def data_metrics(batch: DataProto, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
+    """critic/score|rewards|advantages|returns/{mean,max,min}, response_length/*, prompt_length/* (no critic).
+    Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics(use_critic=False)."""
+    b = batch.batch
+    resp_mask = b["response_mask"].bool()
+    prompt_len = b["attention_mask"][:, : -b["responses"].shape[1]].sum(-1).float()
+    resp_len = resp_mask.sum(-1).float()
+    out: dict[str, float] = {}
+    for name, seq in (("score", b["token_level_scores"].sum(-1)), ("rewards", b["token_level_rewards"].sum(-1))):
+        out.update({f"critic/{name}/mean": float(seq.mean()), f"critic/{name}/max": float(seq.max()),
+                    f"critic/{name}/min": float(seq.min())})
+    for name in ("advantages", "returns"):
+        v = b[name][resp_mask]
+        out.update({f"critic/{name}/mean": float(v.mean()), f"critic/{name}/max": float(v.max()),
+                    f"critic/{name}/min": float(v.min())})
+    for name, seq, top in (("response_length", resp_len, max_response_length),
+                           ("prompt_length", prompt_len, max_prompt_length)):
+        out.update({f"{name}/mean": float(seq.mean()), f"{name}/max": float(seq.max()),
+                    f"{name}/min": float(seq.min()), f"{name}/clip_ratio": float((seq == top).float().mean())})
+    return out
+
+
+class _Progress:
+    """tqdm when installed (never a new dependency), else one printed line per stage."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.bar, self.enabled, self.desc = None, enabled, desc
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, leave=False)
+            except ImportError:
+                pass
+
+    def stage(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(name)
+        elif self.enabled:
+            print(f"{self.desc}: {name} …", file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class GRPOTrainer:
+    """A worker group of hybrid-engine ranks for one config; ``step()`` runs one full GRPO step and returns metrics."""
+
+    def __init__(self, cfg: VerlConfig | Sequence[str] | None = None, *, launcher: str = "auto", seed: int = 0,
+                 lr: float = 1e-6, progress: bool = True, fixed_prompts: bool = False, timeout_s: float = 300.0,
+                 collective_timeout_s: float = 60.0) -> None:
+        self.cfg = trainer_config(cfg)
+        if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
+            raise ValueError(f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
+                             f"{self.cfg.get('algorithm.adv_estimator')!r}")
+        self.sizes = s = sizes(self.cfg)
+        self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
+        self.settings = settings_for(self.cfg).with_(lr=float(lr), seed=seed)
+        self.global_steps, self.history = 0, []
+        self.trace: StepTrace | None = None
+        self.lengths: list[int] | None = None
+        self.tokenizer = rollout.load_tokenizer()
+        roll = dict(tp=s["tp"], rdp=s["rdp"], pp=s["pp"], prompt_length=s["prompt_length"],
+                    response_length=s["response_length"])
+        self.wg = WorkerGroup(ActorRolloutRefWorker, s["W"], launcher=launcher, timeout_s=timeout_s,
+                              collective_timeout_s=collective_timeout_s, profile=self.cfg.profile,
+                              init_kwargs=dict(rollout=roll, **self.settings.as_dict()))
+        try:
+            self.info = self.wg.init_model()
+        except BaseException:
+            self.wg.close()
+            raise
+        self.wg.actor_settings = self.settings
+        self.wg.reset_trace()
+
+    def __enter__(self) -> "GRPOTrainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> dict[str, Any]:
+        """Close the worker group (idempotent); reports the rank processes still alive (must be none)."""
+        teardown = self.wg.close()
+        return {"left_pids": self.wg.alive_pids(), "teardown": teardown}
+
+    @contextmanager
+    def _timer(self, name: str, timing: dict[str, float], bar: _Progress) -> Iterator[None]:
+        bar.stage(name)
+        t0 = time.perf_counter()
+        yield
+        timing[name] = time.perf_counter() - t0
+        bar.advance()
+
+    def _memory(self) -> list[int]:
+        return [m["peak_rss_bytes"] for m in self.wg.peak_memory()]
+
+    def step(self) -> dict[str, Any]:
+        """gen → balance → reward → old_log_prob → ref → adv → update_actor → update_weights; verl's metric names."""
+        s, cfg = self.sizes, self.cfg
+        self.global_steps += 1
+        use_ref = cfg.need_reference_policy
+        metrics: dict[str, Any] = {}
+        timing: dict[str, float] = {}
+        mem: dict[str, list[int]] = {}
+        self.wg.reset_trace()
+        bar = _Progress(7 + use_ref, f"GRPO step {self.global_steps}", self.progress)
+        try:
+            with self._timer("step", timing, _Progress(0, "", False)):
+                data_seed = self.seed if self.fixed_prompts else self.seed * 100_003 + self.global_steps
+                prompts = rollout.make_gen_batch(s["B"], data_seed, s["prompt_length"], self.tokenizer)
+                with self._timer("gen", timing, bar):
+                    batch = rollout.generate(self.wg, prompts, s["n"], do_sample=s["do_sample"],
+                                             temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
+                                             response_length=s["response_length"],
+                                             seed=self.seed * 1_000_003 + self.global_steps)
+                    gen_metrics = batch.meta_info.pop("metrics", [])
+                mem["generate"] = self._memory()
+                self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
+                order = list(range(len(batch)))
+                with self._timer("balance", timing, bar):
+                    if cfg.get("trainer.balance_batch"):
+                        res = balance_batch(self.lengths, self.wg.dp_size("actor"))
+                        order = res.global_idx
+                        batch.reorder(torch.tensor(order))
+                        metrics.update(res.metrics)
+                batch.meta_info.update(temperature=s["temperature"],
+                                       global_token_num=batch.batch["attention_mask"].sum(-1).tolist())
+                with self._timer("reward", timing, bar):
+                    scores, _ = token_level_scores(batch, self.tokenizer)
+                    batch.batch["token_level_scores"] = scores
+                    batch.batch["token_level_rewards"] = scores.clone()  # no KL in reward (use_kl_in_reward=False)
+                with self._timer("old_log_prob", timing, bar):
+                    old = ar.compute_log_prob(self.wg, batch)
+                    ent = old.batch["entropys"]
+                    metrics["actor/entropy"] = float(agg_loss(ent, batch.batch["response_mask"],
+                                                              self.settings.loss_agg_mode,
+                                                              profile=cfg.profile, loss_scale_factor=self.settings.loss_scale_factor))
+                    old.pop(batch_keys=["entropys"])
+                    batch.union(old)
+                mem["old_log_prob"] = self._memory()
+                if use_ref:
+                    with self._timer("ref", timing, bar):
+                        batch.union(ar.compute_ref_log_prob(self.wg, batch))
+                    mem["ref_log_prob"] = self._memory()
+                with self._timer("adv", timing, bar):
+                    adv, ret = grpo_outcome_advantage(
+                        batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                        batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=cfg.get("algorithm.norm_adv_by_std_in_grpo"))
+                    batch.batch["advantages"], batch.batch["returns"] = adv, ret
+                with self._timer("update_actor", timing, bar):
+                    metrics.update(ar.update_actor(self.wg, batch))
+                mem["update_actor"] = self._memory()
+                with self._timer("update_weights", timing, bar):
+                    self.wg.update_weights()
+        finally:
+            bar.close()
+        metrics.update(data_metrics(batch, s["response_length"], s["prompt_length"]))
+        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        tokens = int(sum(batch.meta_info["global_token_num"]))
+        metrics.update({"perf/total_num_tokens": tokens, "perf/time_per_step": timing["step"],
+                        "perf/throughput": tokens / (timing["step"] * s["W"]), "training/global_step": self.global_steps})
+        self.batch, self.order, self.gen_metrics = batch, order, gen_metrics
+        self.trace = self._live_trace(order, mem, metrics)
+        self.history.append(metrics)
+        return metrics
+
+    def _live_trace(self, order: list[int], mem: dict[str, list[int]], metrics: dict) -> StepTrace:
+        """The group's trace of this step plus the driver stages and a ``balance`` record per rank: the rows and
+        tokens each rank then received at old_log_prob (dispatch of the reordered batch), with their indices."""
+        tr = self.wg.reset_trace()
+        N, D = len(order), self.wg.dp_size("actor")
+        tr.stages[:0] = [StageRecord("dataloader", "dataloader batch", self.sizes["B"], "prompts"),
+                         StageRecord("repeat", "repeat for generation", N, "samples")]
+        size = N // D
+        tr.stages.append(StageRecord("balance", "union + _balance_batch", N, "samples", size))
+        for r in tr.at("old_log_prob"):
+            idx = order[r.dp_rank * size:(r.dp_rank + 1) * size]
+            tr.ranks.append(RankRecord("balance", r.rank, dp_rank=r.dp_rank, sp_rank=r.sp_rank, rows=r.rows,
+                                       tokens=r.tokens, extra={"indices": idx}))
+        for stage in ("reward", "advantage"):
+            tr.stages.append(StageRecord(stage, stage, N, "samples", note="driver"))
+        for stage, per_rank in mem.items():
+            for r in tr.at(stage):
+                r.bytes_measured = per_rank[r.rank]
+                r.extra["peak_rss_bytes"] = per_rank[r.rank]
+        tr.summary.update(metrics=dict(metrics), global_step=self.global_steps, lengths=list(self.lengths or []),
+                          order=list(order), sizes=dict(self.sizes))
+        return tr
+
+    def prediction(self) -> StepTrace:
+        """``plan(cfg, lengths)`` for the last step: the same config, the observed prompt+response lengths in
+        generation order (the planner balances them itself)."""
+        if self.lengths is None:
+            raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
+        return plan(self.cfg, lengths=self.lengths)
+
+    def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
+        """trace.compare(prediction, live trace) on ``stages`` (those present): [] when they agree."""
+        from labkit.trace import compare
+
+        if self.trace is None:
+            raise RuntimeError("call step() first")
+        present = [x for x in stages if self.trace.at(x)]
+        return [str(m) for m in compare(self.prediction(), self.trace, stages=present, fields=fields)]
+
+    def run(self, steps: int) -> list[dict[str, Any]]:
+        """``steps`` GRPO steps; the metrics of each."""
+        return [self.step() for _ in range(steps)]
+
+
+def mean_scores(history: Sequence[dict]) -> list[float]:
+    """critic/score/mean per step of a history (the reward curve)."""
+    return [float(np.round(h["critic/score/mean"], 6)) for h in history]
