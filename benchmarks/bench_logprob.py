@@ -27,8 +27,9 @@ from labkit.algo import logprobs_from_logits, logprobs_from_logits_chunked  # no
 from labkit.lengths import draw  # noqa: E402
 from labkit.logprob import forward_micro_batch  # noqa: E402
 from labkit.microbatch import rearrange_micro_batches, static_micro_batches  # noqa: E402
-from labkit.packing import compute_position_id_with_mask, pack_micro_batch  # noqa: E402
+from labkit.packing import pack_micro_batch  # noqa: E402
 from labkit.ulysses import ulysses_pad  # noqa: E402
+from labkit.ulysses_demo import demo_batch  # noqa: E402
 
 QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
@@ -37,21 +38,17 @@ QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num
 
 def make_batch(lengths: list[int], prompt_width: int, response_width: int, vocab: int, seed: int = 0,
                device: str = "cpu") -> dict[str, torch.Tensor]:
-    """verl-shaped rows: prompts left-padded to ``prompt_width``, responses right-padded to ``response_width``;
-    each total length is split in the width's proportion (at least 1 prompt and 1 response token)."""
-    rng = np.random.default_rng(seed)
+    """verl-shaped rows (labkit.ulysses_demo.demo_batch) from total lengths, each split in the width's proportion
+    (at least 1 prompt and 1 response token)."""
     width = prompt_width + response_width
-    ids = np.zeros((len(lengths), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for i, total in enumerate(lengths):
+    prompts, responses = [], []
+    for total in lengths:
         p = int(np.clip(round(total * prompt_width / width), 1, prompt_width))
         r = int(np.clip(total - p, 1, response_width))
-        p = int(np.clip(total - r, 1, prompt_width))
-        ids[i, prompt_width - p: prompt_width + r] = rng.integers(1, vocab, size=p + r)
-        mask[i, prompt_width - p: prompt_width + r] = 1
-    ids_t, mask_t = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
-    return {"input_ids": ids_t, "attention_mask": mask_t, "position_ids": compute_position_id_with_mask(mask_t),
-            "responses": ids_t[:, prompt_width:].clone()}
+        prompts.append(int(np.clip(total - r, 1, prompt_width)))
+        responses.append(r)
+    batch = demo_batch(prompts, responses, prompt_width, response_width, vocab, seed)
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
 
 
 def select(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
@@ -67,7 +64,7 @@ def plans(lengths: list[int], rows_per_micro: int, budget: int) -> dict[str, lis
 
 def report(name: str, seconds: float, real_tokens: int, fed_tokens: int, peak_gib: float | None = None) -> None:
     peak = f"  peak {peak_gib:6.2f} GiB" if peak_gib is not None else ""
-    print(f"  {name:34s} {seconds:8.3f} s  {real_tokens / seconds:12,.0f} real tok/s  fed tokens {fed_tokens:>10,}"
+    print(f"  {name:40s} {seconds:8.3f} s  {real_tokens / seconds:12,.0f} real tok/s  fed tokens {fed_tokens:>10,}"
           f"{peak}", flush=True)
 
 
@@ -127,39 +124,57 @@ def cpu_part(rows: int, reps: int, seed: int) -> dict[str, float]:
 
 
 # ---- GPU: Qwen2-0.5B shape, bf16, flex_attention on packed rows ----------------------------------------------------
-def _gpu_variant(fn: Callable[[], int], real: int, name: str) -> tuple[float, float]:
-    """Warm pass (compiles), then a timed pass; (seconds, peak GiB of the timed pass)."""
+TINY_DRY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def _gpu_variant(fn: Callable[[], int], real: int, name: str, cuda: bool) -> tuple[float, float]:
+    """Warm pass (compiles), then a timed pass; (seconds, peak GiB of the timed pass; 0 off CUDA)."""
     fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     fed = fn()
-    torch.cuda.synchronize()
-    sec, peak = time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 2**30
-    report(name, sec, real, fed, peak)
+    if cuda:
+        torch.cuda.synchronize()
+    sec = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    report(name, sec, real, fed, peak if cuda else None)
     return sec, peak
 
 
-def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_s: float, seed: int) -> None:
-    """Padded (sdpa) vs packed static / dynamic (flex_attention); naive vs chunked log-prob on packed dynamic."""
+def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_s: float, seed: int,
+             dry_run_cpu: bool = False) -> None:
+    """Padded (sdpa) vs packed static / dynamic (flex_attention); naive vs chunked log-prob on packed dynamic.
+    ``dry_run_cpu`` (no CUDA only): the same code on CPU with a tiny config, fp32, sdpa and narrow rows (a smoke test)."""
     if not torch.cuda.is_available():
         print("GPU part skipped: no CUDA device", flush=True)
-        return
+        if not dry_run_cpu:
+            return
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     start = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    device, cfg = ("cuda", QWEN2_05B) if cuda else ("cpu", TINY_DRY)
+    packed_attn = "flex_attention" if cuda else "sdpa"
+    prompt_w, response_w, rows_per_micro = (512, 3584, 8) if cuda else (64, 64, 4)
     dyn = torch._dynamo.config
     setattr(dyn, "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit", 64)
     torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B, attn_implementation="sdpa")).to(torch.bfloat16).eval()
-    prompt_w, response_w, rows_per_micro = 512, 3584, 8
-    lengths = draw("long-reasoning", seqs, 1, prompt_w, response_w, seed=seed)
-    batch = make_batch(lengths, prompt_w, response_w, QWEN2_05B["vocab_size"], seed, device="cuda")
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**cfg, attn_implementation="sdpa"))
+    model = model.to(torch.bfloat16 if cuda else torch.float32).eval()
+    if cuda:  # the anchor's batch: long-reasoning at 512 + 3584
+        lengths = draw("long-reasoning", seqs, 1, prompt_w, response_w, seed=seed)
+    else:  # gsm8k-like scaled by 1/8, as in the CPU part
+        lengths = [max(2, -(-x // 8)) for x in draw("gsm8k-like", seqs, 1, 512, 512, seed=seed)]
+    batch = make_batch(lengths, prompt_w, response_w, cfg["vocab_size"], seed, device=device)
     micro = plans(lengths, rows_per_micro, budget)
-    real, V = int(sum(lengths)), QWEN2_05B["vocab_size"]
+    real, V = int(sum(lengths)), cfg["vocab_size"]
     weights_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
-    print(f"GPU part: {torch.cuda.get_device_name()}, Qwen2-0.5B shape ({weights_gib:.2f} GiB bf16 weights), {seqs} "
+    name = torch.cuda.get_device_name() if cuda else "CPU dry run (tiny config)"
+    print(f"GPU part: {name}, Qwen2 {'0.5B' if cuda else 'tiny'} shape ({weights_gib:.2f} GiB bf16 weights), {seqs} "
           f"seqs, {real:,} real tokens ({seqs * (prompt_w + response_w):,} padded), static {rows_per_micro} rows "
           f"({len(micro['static'])} micro), dynamic budget {budget} ({len(micro['dynamic'])} micro), packed rows padded "
           f"to x{pad_multiple}", flush=True)
@@ -178,7 +193,7 @@ def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_
 
     def packed(plan: str, mode: str) -> Callable[[], int]:
         def run() -> int:
-            model.set_attn_implementation("flex_attention")
+            model.set_attn_implementation(packed_attn)
             fed = 0
             for mb in mbs[plan]:
                 p = pack_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
@@ -201,17 +216,17 @@ def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_
         return run
 
     variants = {"A padded static, naive (sdpa)": padded_naive,
-                "B packed static, naive (flex)": packed("static", "naive"),
-                "C packed dynamic, naive (flex)": packed("dynamic", "naive"),
-                "D packed dynamic, chunked (flex)": packed("dynamic", "chunked"),
-                "E packed dynamic, chunked logits (flex)": packed("dynamic", "chunked_logits")}
+                f"B packed static, naive ({packed_attn})": packed("static", "naive"),
+                f"C packed dynamic, naive ({packed_attn})": packed("dynamic", "naive"),
+                f"D packed dynamic, chunked ({packed_attn})": packed("dynamic", "chunked"),
+                f"E packed dynamic, chunked logits ({packed_attn})": packed("dynamic", "chunked_logits")}
     res: dict[str, tuple[float, float]] = {}
     with torch.no_grad():
         for name, fn in variants.items():
             if time.perf_counter() - start > budget_s:
                 print(f"  {name}: skipped, past --gpu-budget-s {budget_s:.0f}", flush=True)
                 continue
-            res[name] = _gpu_variant(fn, real, name)
+            res[name] = _gpu_variant(fn, real, name, cuda)
     keys = list(variants)
     if keys[0] in res and keys[2] in res:
         ratio_line("C packed dynamic / A padded", res[keys[2]][0], res[keys[0]][0])
@@ -219,9 +234,12 @@ def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_
         ratio_line("C packed dynamic / B packed static", res[keys[2]][0], res[keys[1]][0])
     if keys[2] in res and keys[3] in res:
         ratio_line("D chunked / C naive (speed)", res[keys[3]][0], res[keys[2]][0], 1.5)
-        mem = res[keys[3]][1] / res[keys[2]][1]
-        print(f"  peak memory D chunked / C naive: {mem:.2f}" + ("  GOAL MET" if mem <= 0.5 else
-              "  GOAL MISSED (> 0.5)"), flush=True)
+        if cuda:
+            mem = res[keys[3]][1] / res[keys[2]][1]
+            verdict = "  GOAL MET" if mem <= 0.5 else "  GOAL MISSED (> 0.5)"
+            print(f"  peak memory D chunked / C naive: {mem:.2f}{verdict}", flush=True)
+        else:
+            print("  peak memory D chunked / C naive: not measured off CUDA", flush=True)
         print(f"  predicted naive peak: weights + T x V x 10 B = {weights_gib + budget * V * 10 / 2**30:.1f} GiB "
               f"at T = {budget}", flush=True)
     print(f"GPU part done in {time.perf_counter() - start:.0f} s", flush=True)
@@ -239,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--gpu-budget-s", type=float, default=200.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu-dry-run-cpu", action="store_true", help="without CUDA: run the GPU code path on CPU, tiny config")
     args = ap.parse_args(argv)
     if not args.skip_cpu:
         cpu_part(args.cpu_rows, args.cpu_reps, args.seed)
@@ -246,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print("GPU part skipped: --skip-gpu", flush=True)
     else:
         gpu_part(args.gpu_seqs, args.gpu_token_budget, args.pad_multiple, args.chunk_size, args.gpu_budget_s,
-                 args.seed)
+                 args.seed, args.gpu_dry_run_cpu)
     heavy = sorted(m for m in ("ray", "tensordict") if m in sys.modules)
     print(f"imported ray/tensordict: {heavy or 'none'}", flush=True)
     return 0

@@ -27,6 +27,13 @@ def load() -> float:
         return float(f.read().split()[0])
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (load-independent-ish: what the work itself costs)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str, repeats: int) -> dict:
     """One group: bring-up figures, then per dispatch the median of `repeats` rollouts (a warm-up run first)."""
     cfg = live_rollout.rollout_config([f"trainer.n_gpus_per_node={world}", f"data.train_batch_size={prompts}",
@@ -40,12 +47,13 @@ def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str,
         t0 = time.perf_counter()
         live = live_rollout.LiveRollout(cfg, launcher=launcher)
         row.update(live.timings, up_total_s=time.perf_counter() - t0, weights=live.info[0]["weights"])
+        row["rank_cpu_up_s"] = [round(cpu_s(p), 2) for p in live.wg.pids]
         try:
             batch = live.batch(seed=0)
             for dispatch, ignore_eos in (("mesh", True), ("all_gather", True), ("mesh", False)):
                 name = f"{dispatch}{'' if ignore_eos else '_eos'}"
                 live.run(batch, dispatch=dispatch, seed=0, ignore_eos=ignore_eos)  # warm-up
-                times, new = [], 0
+                times, new, cpu0 = [], 0, [cpu_s(p) for p in live.wg.pids]
                 for r in range(repeats):
                     t = time.perf_counter()
                     out, _ = live.run(batch, dispatch=dispatch, seed=r + 1, ignore_eos=ignore_eos)
@@ -53,6 +61,7 @@ def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str,
                     new = int(out.batch["response_length"].sum())
                 row[f"rollout_{name}_s"] = statistics.median(times)
                 row[f"new_tokens_{name}"] = new
+                row[f"rank_cpu_{name}_s"] = [round((cpu_s(p) - c) / repeats, 2) for p, c in zip(live.wg.pids, cpu0)]
         finally:
             row["cleanup"] = {"left_pids": live.close()["left_pids"]}
             row.update(close_s=live.timings["close_s"])
@@ -80,11 +89,13 @@ def main() -> None:
         row = bench(args.world, tp, args.prompts, args.n, args.tokens, args.launcher, args.repeats)
         results["runs"].append(row)
         print(f"W={row['world']} TP={tp}: ray init {row['ray_init_s']:.1f} s, group up {row['group_up_s']:.1f} s + "
-              f"init_model {row['init_model_s']:.1f} s = {row['up_total_s']:.1f} s; rollout {row['rows']} rows x {row['max_new_tokens']} tokens: mesh "
+              f"init_model {row['init_model_s']:.1f} s = {row['up_total_s']:.1f} s; "
+              f"rollout {row['rows']} rows x {row['max_new_tokens']} tokens: mesh "
               f"{row['rollout_mesh_s']:.2f} s ({row['new_tokens_mesh']} new tokens), all_gather "
               f"{row['rollout_all_gather_s']:.2f} s; stopping at EOS (mesh) {row['rollout_mesh_eos_s']:.2f} s "
               f"({row['new_tokens_mesh_eos']} new tokens); close {row['close_s']:.1f} s; "
-              f"left {row['cleanup']['left_pids']}; load {row['load_before']:.1f}->{row['load_after']:.1f}", flush=True)
+              f"left {row['cleanup']['left_pids']}; rank CPU s: up {row['rank_cpu_up_s']}, rollout "
+              f"{row['rank_cpu_mesh_s']}; load {row['load_before']:.1f}->{row['load_after']:.1f}", flush=True)
     results["wall_s"] = time.perf_counter() - t_ray
     if args.json:
         with open(args.json, "w") as f:

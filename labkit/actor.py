@@ -6,7 +6,9 @@ Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker (mesh "actor", dp_ra
 is_collect = sp rank 0), verl/workers/actor/dp_actor.py: DataParallelPPOActor (legacy) and the 0.9.1 engine path
 (verl/workers/engine/fsdp/transformer_impl.py: FSDPEngine.forward_backward_batch, verl/workers/utils/losses.py:
 ppo_loss). Every call records, per rank, its micro-batches and collectives under the planner's names
-(``labkit.plan_ctx.COLLECTIVES``); the driver helpers below attach them to the live trace.
+(``labkit.plan_ctx.COLLECTIVES``). Driver API (re-exported here): ``start_actor_group``, ``configure``,
+``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor`` in ``labkit.actor_record``; the update loop lives in
+``labkit.actor_update``, the arithmetic in ``labkit.actor_math``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 
 from labkit import actor_math as am
 from labkit import dist
-from labkit.actor_record import CallRecord
+from labkit.actor_record import (CallRecord, compute_log_prob, compute_ref_log_prob, configure,  # noqa: F401
+                                 start_actor_group, update_actor)
 from labkit.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from labkit.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
 from labkit.microbatch import rearrange_micro_batches, restore_dynamic_batch
@@ -66,7 +69,7 @@ def check_settings(s: am.ActorSettings, world_size: int) -> int | None:
     dist.check_actor_mesh(world_size, sp)
     if s.profile not in ("legacy", "engine"):
         raise ValueError(f"profile must be 'legacy' or 'engine', got {s.profile!r}")
-    if sp > 1 and not s.use_remove_padding and s.profile == "legacy":
+    if sp > 1 and not s.use_remove_padding:  # FSDPActorConfig.validate, both versions
         raise ValueError(E12_SP_NEEDS_RMPAD)
     if sp > 1:
         cfg = model_config_values(s)
@@ -110,6 +113,8 @@ class ActorWorker(Worker):
             self._register_dispatch_collect_info("actor", dp_rank=self.dp_rank, is_collect=self.sp_rank == 0,
                                                  sp_rank=self.sp_rank)
             self.fsdp_mesh = init_device_mesh(dist._device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+            state = dist.state()  # NCCL: one GPU per rank; gloo (CPU, or ranks sharing a GPU): the CPU
+            self.device = torch.device(state.device if state is not None and state.backend == "nccl" else "cpu")
         self.model, self.ref = self._sharded(), self._sharded()
         self.ref.eval().requires_grad_(False)
         params = list(self.model.parameters())
@@ -125,7 +130,7 @@ class ActorWorker(Worker):
     def _sharded(self) -> torch.nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        model = build_model(self.s)
+        model = build_model(self.s).to(self.device)
         sp = self.s.ulysses_sequence_parallel_size
         if sp > 1:
             from labkit.ulysses import apply_ulysses_patch
@@ -162,8 +167,17 @@ class ActorWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def full_params(self) -> dict[str, np.ndarray] | None:
         """The actor's full fp32 parameters (an all-gather on every rank); rank 0 returns them as numpy."""
-        full = {n: p.full_tensor().detach().float() for n, p in self.model.named_parameters()}
+        full = {n: p.full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
         return {n: t.numpy().copy() for n, t in full.items()} if self.rank == 0 else None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def usage(self) -> dict[str, float]:
+        """This rank's CPU seconds and peak resident memory so far (what verl logs as perf/cpu_memory_used_gb)."""
+        import resource
+        import time
+
+        return {"rank": self.rank, "cpu_s": time.process_time(),
+                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     # ---- log-probs --------------------------------------------------------------------------------------------------
     @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -199,8 +213,8 @@ class ActorWorker(Worker):
         with torch.no_grad():
             for idx in parts:
                 lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
-                lps.append(lp)
-                ents.append(ent)
+                lps.append(lp.cpu())
+                ents.append(ent.cpu() if ent is not None else None)
         lp = torch.cat(lps)
         ent = torch.cat(ents) if calculate_entropy else None
         if p.dynamic:
@@ -224,7 +238,7 @@ class ActorWorker(Worker):
         longest = int(data.batch["attention_mask"].sum(-1).max()) if len(data) else 0
         if budget is not None and longest > budget:
             payload[1 + self.dp_rank] = longest
-        dist.all_reduce(payload, "sum", group=self.dp_group)
+        payload = dist.all_reduce(payload.to(self.device), "sum", group=self.dp_group).cpu()
         rec.count("all_reduce(sum):batch_num_tokens")
         bad = [int(v) for v in payload[1:] if v > 0]
         if bad:
@@ -241,7 +255,7 @@ class ActorWorker(Worker):
         seen = {"max": 0}
 
         def sync(op: str, values: list[int]) -> list[int]:
-            t = torch.tensor(values, dtype=torch.long)
+            t = torch.tensor(values, dtype=torch.long, device=self.device)
             dist.all_reduce(t, op, group=group)
             if op == "min":
                 rec.count("all_reduce(min):within_limit")
@@ -259,7 +273,7 @@ class ActorWorker(Worker):
         """One micro-batch through forward_micro_batch (padded or packed, SP-split when sp > 1)."""
         sp = self.s.ulysses_sequence_parallel_size
         rows = torch.as_tensor(idx, dtype=torch.long)
-        micro = {k: data.batch[k][rows] for k in LOG_PROB_KEYS}
+        micro = {k: data.batch[k][rows].to(self.device) for k in LOG_PROB_KEYS}
         rec.micro(idx, micro["attention_mask"], self._rmpad(), sp)
         before = dist.collective_counts()
         lp, ent = forward_micro_batch(model, micro, use_remove_padding=self._rmpad(),

@@ -68,12 +68,17 @@ class CallRecord:
                 "mini_batches": self.mini_batches, "extra": self.extra}
 
 
+def _drop(wg: Any, stage: str) -> None:
+    """Remove a bookkeeping call (take_records, configure) from the live trace."""
+    wg.trace.ranks = [r for r in wg.trace.ranks if r.stage != stage]
+    wg.trace.stages = [s for s in wg.trace.stages if s.name != stage]
+
+
 def attach_records(wg: Any, stage: str, per_rank: list[list[dict]]) -> None:
     """Write the ranks' records of the latest call of ``stage`` into wg.trace (micro-batches, planner-named
     collectives; labkit.dist's raw counts move to extra["raw_collectives"]) and drop the bookkeeping call."""
     trace = wg.trace
-    trace.ranks = [r for r in trace.ranks if r.stage != _INTERNAL]
-    trace.stages = [s for s in trace.stages if s.name != _INTERNAL]
+    _drop(wg, _INTERNAL)
     latest = {}
     for rec in trace.ranks:
         if rec.stage == stage:
@@ -114,6 +119,7 @@ def configure(wg: Any, rebuild: bool = False, **changes: Any) -> am.ActorSetting
 
     check_settings(new, wg.world_size)
     wg.configure(rebuild=rebuild, **changes)
+    _drop(wg, "configure")
     wg.actor_settings = new
     wg.trace.profile = new.profile
     return new

@@ -128,7 +128,7 @@ def _micro_loss(w: Any, rec: CallRecord, data: DataProto, part: list[int], tempe
     """Forward one micro-batch with grads and build the PPO loss (+ entropy bonus, + KL to the reference)."""
     s, sp = w.s, w.s.ulysses_sequence_parallel_size
     rows = torch.as_tensor(part, dtype=torch.long)
-    batch = {k: v[rows] for k, v in data.batch.items()}
+    batch = {k: v[rows].to(w.device) for k, v in data.batch.items()}
     rec.micro(part, batch["attention_mask"], w._rmpad(), sp)
     before = dist.collective_counts()
     log_prob, entropy = forward_micro_batch(w.model, batch, use_remove_padding=w._rmpad(),

@@ -9,9 +9,10 @@ Python methods (verl-reference.md §6.1 has the algorithm; the proof of the shor
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import neg
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,7 +54,8 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
     singles = sorted([v * MM + M + i for i, v in enumerate(values)])  # one-item sets, ascending (value, index)
     heap: list[tuple[int, int, list[int]]] = []  # (-spread, -top set key, set keys descending)
     stream: list[int] = []  # free mode: one-item states, kept out of the heap; the largest pops first
-    log = []  # (receiving set keys, merged-in set keys), pairwise, in merge order
+    log_a: list[int] = []  # set merges in order: key of the receiving set ...
+    log_b: list[int] = []  # ... and of the set merged into it
     if equal_size:  # each group of k consecutive items fills the k sets of one state; states stay full
         for off in range(0, n, k):
             keys = singles[off : off + k][::-1]
@@ -62,39 +64,39 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
         a, pop, pushpop = heapq.heappop(heap)[2], heapq.heappop, heapq.heappushpop
         while heap:
             b = pop(heap)[2][::-1]
-            log.append((a, b))
+            log_a += a
+            log_b += b
             a = [x + y - y % M for x, y in zip(a, b)]
             a.sort(reverse=True)
             top = a[0]
             a = pushpop(heap, (a[-1] // MM - top // MM, -top, a))[2]
-        return _replay(log, a, n, M)
+        return _replay(log_a, log_b, a, n, M)
     stream = singles
     lone = 1 if k > 1 else 0  # a one-item state's spread is its value when it has an empty set
 
-    def single_first() -> bool:  # is the next one-item state ahead of every state in the heap?
-        s = stream[-1]
-        return not heap or (-(s // MM) * lone, -s) < heap[0][:2]
+    def single_first() -> bool:  # does the next one-item state pop before every state in the heap?
+        return not heap or (-(stream[-1] // MM) * lone, -stream[-1]) < heap[0][:2]
 
-    def take_min() -> list[int]:
-        return [stream.pop()] if stream and single_first() else heapq.heappop(heap)[2]
-
-    def first_after_heap_top() -> int:  # index in `stream` of the first one-item state that pops before heap[0]
-        spread, top = -heap[0][0], -heap[0][1]
-        return bisect_left(stream, (spread + 1) * MM if top // MM > spread else top + 1)
-
-    a = take_min()
+    a = [stream.pop()]
     while heap or stream:
         p = len(a)
-        lo = len(stream)
-        if p < k and stream:  # next pops: one-item states while they precede the heap; each fills an empty set
-            lo = max(lo - (k - p), first_after_heap_top() if heap else 0)
-        if lo < len(stream):  # they are smaller than all of A's sets, so they go last, largest first
-            a += stream[lo:][::-1]
-            del stream[lo:]
-            if len(a) < k:  # still has an empty set: spread and top unchanged, so A is popped again next
-                continue
+        if stream and single_first():
+            if p == k:  # B is one item: it joins A's smallest set
+                s, x = stream.pop(), a.pop()
+                log_a.append(x)
+                log_b.append(s)
+                insort(a, x + s - s % M, key=neg)
+            else:  # A has empty sets: the one-item states that pop before the heap top fill them, largest last
+                lo = len(stream) - (k - p)
+                if heap:
+                    spread, top = -heap[0][0], -heap[0][1]
+                    lo = max(lo, bisect_left(stream, (spread + 1) * MM if top // MM > spread else top + 1))
+                a += stream[lo:][::-1]  # each is smaller than all of A's sets
+                del stream[lo:]
+                if len(a) < k:  # still has an empty set: spread and top unchanged, so A is popped again next
+                    continue
         else:
-            b = take_min()
+            b = heapq.heappop(heap)[2]
             q = len(b)
             r = k - q  # set i of A receives set k-1-i of B; B's non-empty sets land on i >= r
             if p <= r:  # no overlap: the sets are pooled
@@ -104,26 +106,25 @@ def _kk_int(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
                     continue
             else:  # overlap: the merged state has k non-empty sets
                 a_mid, b_mid = a[r:p], b[k - p : q][::-1]
-                log.append((a_mid, b_mid))
+                log_a += a_mid
+                log_b += b_mid
                 a = a[:r] + [x + y - y % M for x, y in zip(a_mid, b_mid)] + b[: k - p]
                 a.sort(reverse=True)
         top = a[0]
         key = (a[-1] // MM - top // MM, -top)
-        s = stream[-1] if stream else None
-        if (heap and heap[0][:2] < key) or (s is not None and (-(s // MM) * lone, -s) < key):
+        if (heap and heap[0][:2] < key) or (stream and (-(stream[-1] // MM) * lone, -stream[-1]) < key):
             heapq.heappush(heap, (*key, a))
-            a = take_min()
-    return _replay(log, a, n, M) + [[] for _ in range(k - len(a))]
+            a = [stream.pop()] if stream and single_first() else heapq.heappop(heap)[2]
+    return _replay(log_a, log_b, a, n, M) + [[] for _ in range(k - len(a))]
 
 
-def _replay(log: list, final: list[int], n: int, M: int) -> list[list[int]]:
+def _replay(log_a: list[int], log_b: list[int], final: list[int], n: int, M: int) -> list[list[int]]:
     """Item indices of the final sets in insertion order: replay the logged set merges as linked lists."""
     nxt, tail = [-1] * n, list(range(n))  # each set is named by its first index
-    for a_keys, b_keys in log:
-        for x, y in zip(a_keys, b_keys):
-            fx, fy = x % M, y % M
-            nxt[tail[fx]] = fy
-            tail[fx] = tail[fy]
+    for x, y in zip(log_a, log_b):
+        fx, fy = x % M, y % M
+        nxt[tail[fx]] = fy
+        tail[fx] = tail[fy]
     partitions = []
     for key in final:
         f, part = key % M, []

@@ -72,6 +72,8 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
                 raise ConfigError(f"{origin}: '{key.path}' must be >= {int(key.minimum)}, got {out}.")
             return out
     elif key.type == FLOAT:
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 as a string; Hydra's grammar reads it as a float
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if key.minimum is not None and value < key.minimum:
                 raise ConfigError(f"{origin}: '{key.path}' must be >= {key.minimum}, got {value}.")

@@ -76,6 +76,7 @@ _KEYS = [
     Key(f"{ACTOR}.kl_loss_coef", FLOAT, 0.001),
     Key(f"{ACTOR}.kl_loss_type", STR, "low_var_kl"),
     Key(f"{ACTOR}.grad_clip", FLOAT, 1.0),
+    Key(f"{ACTOR}.optim.lr", FLOAT, 1e-6, minimum=0, doc="actor learning rate"),
     Key(f"{ACTOR}.fsdp_config.fsdp_size", INT, -1),
     # rollout
     Key(f"{ROLLOUT}.name", STR, "hf", doc="labkit's rollout engine (verl's YAML leaves it '???')"),

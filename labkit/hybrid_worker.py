@@ -35,7 +35,7 @@ class ActorRolloutRefWorker(ActorWorker):
 
     @classmethod
     def check_world(cls, world_size: int, rollout: dict | None = None, **settings: Any) -> None:
-        """Actor checks (E20–E22, E41, ...) and rollout checks (E23, TP head split) on the driver, before any process."""
+        """Actor checks (E20–E22, E41, ...) and rollout checks (E23, TP head split) on the driver, before spawning."""
         ActorWorker.check_world(world_size, **settings)
         RolloutWorker.check_world(world_size, **dict(rollout or {}))
 
@@ -57,7 +57,7 @@ class ActorRolloutRefWorker(ActorWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def update_weights(self) -> dict[str, Any]:
-        """Actor → rollout weight sync: all-gather the FSDP2 shards, load them into a fresh rollout model, TP-shard it.
+        """Actor → rollout weight sync: all-gather the FSDP2 shards, load them into a new rollout model, TP-shard it.
         Mirrors verl's FSDP sharding manager / checkpoint_manager.update_weights (after update_actor)."""
         from labkit.tp_model import shard_model_for_tp
 
@@ -73,7 +73,7 @@ class ActorRolloutRefWorker(ActorWorker):
             shard_model_for_tp(model, self.rollout.tp_group)
         self.rollout.model = model.eval()
         return {"rank": self.rank, "params": sum(v.numel() for v in full.values()),
-                "seconds": time.perf_counter() - t0}
+                "digest": float(sum(v.double().sum() for v in full.values())), "seconds": time.perf_counter() - t0}
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_memory(self) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Rank processes: the in-rank host (env, process group, worker, calls, status) and the local-process launcher.
+"""Rank processes on this machine: the local-process launcher and process bookkeeping (/proc, no psutil).
 
-The local launcher is the fallback where Ray is absent (the GPU box): torch.multiprocessing spawn, one command pipe and
-one status pipe per rank, payloads pickled with plain `pickle` (never ForkingPickler, whose shared-memory tensors can
-hang the parent: environment-facts.md §2). Mirrors the role of verl/single_controller/ray/base.py: RayWorkerGroup."""
+The local launcher is the fallback where Ray is absent (the GPU box): ranks forked from a preloaded multiprocessing
+fork server (or spawned), one command pipe and one status pipe per rank, payloads pickled with plain `pickle` (never
+ForkingPickler, whose shared-memory tensors can hang the parent: environment-facts.md §2). Mirrors the role of
+verl/single_controller/ray/base.py: RayWorkerGroup."""
 
 from __future__ import annotations
 
@@ -11,110 +12,13 @@ import pickle
 import signal
 import threading
 import time
-import traceback
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from labkit import dist
-from labkit.dispatch import first_batch_arg, rows_tokens
+from labkit.rank_host import CALL_QUERY, RankHost, error_envelope  # noqa: F401  (re-exported)
 
-CALL_QUERY = "_lk_query"  # built-in: a rank's registered dispatch info (dp_rank / is_collect) for a mesh
-
-
-def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]:
-    """A rank's exception as plain data: type, message, remote traceback text, collective if any."""
-    env = {"ok": False, "rank": rank, "method": method, "exc_type": type(exc).__name__, "message": str(exc),
-           "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), "pid": os.getpid()}
-    if isinstance(exc, dist.CollectiveTimeout):
-        env["collective"] = {"collective": exc.collective, "group": exc.group_ranks, "elapsed_s": exc.elapsed_s,
-                             "timeout_s": exc.timeout_s}
-    return env
-
-
-class RankHost:
-    """One rank: sets env, joins the process group, builds the worker, runs calls, reports status and teardown."""
-
-    def __init__(self, worker_cls: type, rank: int, world_size: int, master_port: int, init_kwargs: dict,
-                 env: dict[str, str], backend: str, device_kind: str, collective_timeout_s: float,
-                 rendezvous_timeout_s: float = 300.0) -> None:
-        self.rank, self.pid = rank, os.getpid()
-        self.worker: Any = None
-        self.error: dict | None = None
-        self.current: str | None = None
-        try:
-            os.environ.update({k: str(v) for k, v in (env or {}).items()})
-            import torch
-
-            torch.set_num_threads(1)
-            dist.init_dist(rank, world_size, master_port, backend=backend, device_kind=device_kind,
-                           timeout_s=collective_timeout_s, rendezvous_timeout_s=rendezvous_timeout_s)
-            self.current = "__init__"
-            self.worker = worker_cls(**(init_kwargs or {}))
-        except BaseException as exc:  # reported through ready(); the driver closes the group
-            self.error = error_envelope(rank, "__init__", exc)
-        finally:
-            self.current = None
-
-    def ready(self) -> dict[str, Any]:
-        """{"ok", "rank", "pid"} or the constructor's error envelope."""
-        return self.error or {"ok": True, "rank": self.rank, "pid": self.pid}
-
-    def call(self, method: str, args: tuple, kwargs: dict, gather_group: str | None = None,
-             mesh_name: str | None = None) -> dict[str, Any]:
-        """Run one method; returns {"ok", "value", "record"} or an error envelope (never raises)."""
-        self.current = method
-        try:
-            if self.error is not None:
-                raise RuntimeError(f"rank {self.rank} failed in __init__: {self.error['message']}")
-            if method == CALL_QUERY:
-                return {"ok": True, "rank": self.rank, "value": self.worker._lk_query(*args), "record": None}
-            return self._call(method, args, kwargs, gather_group, mesh_name)
-        except BaseException as exc:
-            return error_envelope(self.rank, method, exc)
-        finally:
-            self.current = None
-
-    def _call(self, method: str, args: tuple, kwargs: dict, gather_group: str | None,
-              mesh_name: str | None) -> dict[str, Any]:
-        from labkit.protocol import DataProto
-
-        before = dist.collective_counts()
-        t0 = time.perf_counter()
-        recv_rows, recv_tokens = rows_tokens(first_batch_arg(args, kwargs))
-        coords = self.worker.rank_coords(mesh_name)
-        group = None
-        if gather_group is not None:
-            if gather_group not in self.worker._lk_groups:
-                raise KeyError(f"rank {self.rank}: no process group named {gather_group!r} registered by "
-                               f"{type(self.worker).__name__} (register_group)")
-            group, coord, group_mesh = self.worker._lk_groups[gather_group]
-            coords = self.worker.rank_coords(group_mesh)
-            coords[coord] = dist.group_rank(group)
-            args = tuple(dist.all_gather_data_proto(a, group) if isinstance(a, DataProto) else a for a in args)
-            kwargs = {k: dist.all_gather_data_proto(v, group) if isinstance(v, DataProto) else v
-                      for k, v in kwargs.items()}
-        rows, tokens = rows_tokens(first_batch_arg(args, kwargs))
-        value = getattr(self.worker, method)(*args, **kwargs)
-        if group is not None and isinstance(value, DataProto):
-            value = value.chunk(dist.group_size(group))[dist.group_rank(group)]
-        out_rows, out_tokens = rows_tokens(value)
-        after = dist.collective_counts()
-        record = {"rows": rows, "tokens": tokens, "recv_rows": recv_rows, "recv_tokens": recv_tokens,
-                  "out_rows": out_rows, "out_tokens": out_tokens, "elapsed_s": time.perf_counter() - t0,
-                  "collectives": {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)},
-                  **coords}
-        return {"ok": True, "rank": self.rank, "value": value, "record": record}
-
-    def status(self) -> dict[str, Any]:
-        """What the rank is doing now: method and in-flight collective (answered while a call blocks)."""
-        return {"rank": self.rank, "pid": self.pid, "method": self.current, "inflight": dist.inflight()}
-
-    def shutdown(self) -> dict[str, Any]:
-        """Destroy the process group; reports whether none is left."""
-        try:
-            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": dist.teardown()}
-        except BaseException as exc:
-            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": False, "error": repr(exc)}
+__all__ = ["LocalLauncher", "RankHost", "CALL_QUERY", "error_envelope", "pid_alive", "wait_gone", "stop_forkserver",
+           "local_rank_main", "FORKSERVER_PRELOAD"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -175,7 +79,7 @@ def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict) -> None:
     host.shutdown()
 
 
-FORKSERVER_PRELOAD = ["labkit.launcher", "labkit.protocol", "torch.distributed.device_mesh"]
+FORKSERVER_PRELOAD = ["labkit.launcher", "labkit.rank_host", "labkit.protocol", "torch.distributed.device_mesh"]
 
 
 def stop_forkserver() -> None:
@@ -206,6 +110,8 @@ class LocalLauncher:
         self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
         self._next_id = 0
+        if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
+            host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
         try:
             self._spawn(ctx, host_kwargs)
         except BaseException:

@@ -157,9 +157,10 @@ class LiveRollout:
 
     def close(self) -> dict[str, Any]:
         """Close the group; reports the rank processes still alive (must be none) and each rank's teardown."""
-        t0 = time.perf_counter()
+        t0, was_open = time.perf_counter(), not self.wg.closed
         teardown = self.wg.close()
-        self.timings["close_s"] = time.perf_counter() - t0
+        if was_open:
+            self.timings["close_s"] = time.perf_counter() - t0
         return {"left_pids": self.wg.alive_pids(), "teardown": teardown}
 
 

@@ -95,6 +95,7 @@ def _plan_steps(
     attempts = 1
     if profile == "legacy":  # the budget only sets the count; a bucket may exceed it
         parts = get_seqlen_balanced_partitions(group_w, k, equal_size=False)
+        tokens = [sum(map(group_len.__getitem__, part)) for part in parts]
     else:
         max_group, min_groups = max(group_len), num_groups
         if sync:  # agree on fatal constraints before any rank raises, else peers hang
@@ -116,25 +117,26 @@ def _plan_steps(
                 )
             parts = get_seqlen_balanced_partitions(group_w, k, equal_size=False)
             attempts += 1
-            fits = all(sum(map(group_len.__getitem__, part)) <= max_token_len for part in parts)
+            tokens = [sum(map(group_len.__getitem__, part)) for part in parts]
+            fits = max(tokens) <= max_token_len
             if sync:
                 (fits,) = yield "min", [int(fits)]
                 syncs.append("min")
             if fits:
                 break
             k += num_batches_divided_by or 1
-    keyed = [(sum(map(group_w.__getitem__, part)), part[0] * g, part) for part in parts]
+    keyed = [(sum(map(group_w.__getitem__, part)), part[0] * g, part, tok) for part, tok in zip(parts, tokens)]
     if use_dynamic_bsz_balance:  # heaviest in the middle, light buckets at both ends (pipeline bubbles)
         keyed.sort(key=lambda t: t[:2], reverse=True)
         keyed = keyed[::2][::-1] + keyed[1::2]
     if g == 1:
-        indices = [part for _, _, part in keyed]
+        indices = [part for _, _, part, _ in keyed]
     else:
-        indices = [[i for j in part for i in range(j * g, (j + 1) * g)] for _, _, part in keyed]
+        indices = [[i for j in part for i in range(j * g, (j + 1) * g)] for _, _, part, _ in keyed]
     return MicroBatchPlan(
         indices=indices,
-        tokens=[sum(map(group_len.__getitem__, part)) for _, _, part in keyed],
-        workloads=[w for w, _, _ in keyed],
+        tokens=[tok for _, _, _, tok in keyed],
+        workloads=[w for w, _, _, _ in keyed],
         profile=profile,
         attempts=attempts,
         syncs=syncs,

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Any
 
-from labkit.launcher import RankHost
+from labkit.rank_host import RankHost
 
 QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 _RAY_HOST: Any = None

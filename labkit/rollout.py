@@ -265,16 +265,33 @@ def repeat_for_rollout(batch: DataProto, n: int) -> DataProto:
     return batch.repeat(repeat_times=n, interleave=True)
 
 
-def generate(wg: Any, batch: DataProto, n: int = 1, *, dispatch: str = "mesh", do_sample: bool = True,
-             temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0, response_length: int | None = None,
-             seed: int = 0, ignore_eos: bool = False, stage: str = "generate") -> DataProto:
-    """Repeat ``batch`` n times (interleaved), dispatch it to the group's rollout and collect; the live trace records
-    the call under ``stage``. ``dispatch``: "mesh" (v0.6-0.7 nd dispatch) or "all_gather" (<=v0.5 variant)."""
-    if dispatch not in METHODS:
-        raise ValueError(f"dispatch must be one of {list(METHODS)}, got {dispatch!r}")
+def prepare_generation(batch: DataProto, n: int = 1, *, do_sample: bool = True, temperature: float = 1.0,
+                       top_k: int = -1, top_p: float = 1.0, response_length: int | None = None, seed: int = 0,
+                       ignore_eos: bool = False) -> DataProto:
+    """The generation batch: ``batch`` repeated n times (interleaved) with the sampling settings in meta_info."""
     gen = repeat_for_rollout(batch, n)
     gen.meta_info = dict(batch.meta_info, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed, ignore_eos=ignore_eos)
     if response_length is not None:
         gen.meta_info["response_length"] = response_length
-    return wg.call(METHODS[dispatch], gen, _stage=stage)
+    return gen
+
+
+def generate(wg: Any, batch: DataProto, n: int = 1, *, dispatch: str = "mesh", stage: str = "generate",
+             **settings: Any) -> DataProto:
+    """Repeat ``batch`` n times (interleaved), dispatch it to the group's rollout and collect; the live trace records
+    the call under ``stage``. ``dispatch``: "mesh" (v0.6-0.7 nd dispatch) or "all_gather" (<=v0.5 variant);
+    ``settings``: do_sample, temperature, top_k, top_p, response_length, seed, ignore_eos."""
+    if dispatch not in METHODS:
+        raise ValueError(f"dispatch must be one of {list(METHODS)}, got {dispatch!r}")
+    return wg.call(METHODS[dispatch], prepare_generation(batch, n, **settings), _stage=stage)
+
+
+def reference_generate(batch: DataProto, n: int = 1, *, model_path: str | None = None, **settings: Any) -> DataProto:
+    """The same rollout code on the whole model in this process (TP=1, one replica, no worker group): the tokens
+    every layout must reproduce under greedy decoding (and, for sampling, those of rollout replica 0)."""
+    worker = RolloutWorker(prompt_length=batch.batch["input_ids"].shape[1], model_path=model_path,
+                           response_length=settings.get("response_length") or DEFAULT_RESPONSE_LENGTH)
+    worker.model, _ = load_rollout_model(model_path)
+    worker.rank = worker.dp_rank = worker.tp_rank = 0
+    return worker._generate(prepare_generation(batch, n, **settings))

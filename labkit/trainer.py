@@ -168,7 +168,7 @@ class GRPOTrainer:
         return [m["peak_rss_bytes"] for m in self.wg.peak_memory()]
 
     def step(self) -> dict[str, Any]:
-        """gen → balance → reward → old_log_prob → ref → adv → update_actor → update_weights; verl's metric names."""
+        """One step: gen → balance → reward → old_log_prob → ref → adv → update_actor → update_weights."""
         s, cfg = self.sizes, self.cfg
         self.global_steps += 1
         use_ref = cfg.need_reference_policy
@@ -205,9 +205,9 @@ class GRPOTrainer:
                 with self._timer("old_log_prob", timing, bar):
                     old = ar.compute_log_prob(self.wg, batch)
                     ent = old.batch["entropys"]
-                    metrics["actor/entropy"] = float(agg_loss(ent, batch.batch["response_mask"],
-                                                              self.settings.loss_agg_mode,
-                                                              profile=cfg.profile, loss_scale_factor=self.settings.loss_scale_factor))
+                    metrics["actor/entropy"] = float(agg_loss(
+                        ent, batch.batch["response_mask"], self.settings.loss_agg_mode, profile=cfg.profile,
+                        loss_scale_factor=self.settings.loss_scale_factor))
                     old.pop(batch_keys=["entropys"])
                     batch.union(old)
                 mem["old_log_prob"] = self._memory()
@@ -218,20 +218,22 @@ class GRPOTrainer:
                 with self._timer("adv", timing, bar):
                     adv, ret = grpo_outcome_advantage(
                         batch.batch["token_level_rewards"], batch.batch["response_mask"],
-                        batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=cfg.get("algorithm.norm_adv_by_std_in_grpo"))
+                        batch.non_tensor_batch["uid"],
+                        norm_adv_by_std_in_grpo=cfg.get("algorithm.norm_adv_by_std_in_grpo"))
                     batch.batch["advantages"], batch.batch["returns"] = adv, ret
                 with self._timer("update_actor", timing, bar):
                     metrics.update(ar.update_actor(self.wg, batch))
                 mem["update_actor"] = self._memory()
                 with self._timer("update_weights", timing, bar):
-                    self.wg.update_weights()
+                    self.synced = self.wg.update_weights()
         finally:
             bar.close()
         metrics.update(data_metrics(batch, s["response_length"], s["prompt_length"]))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = int(sum(batch.meta_info["global_token_num"]))
         metrics.update({"perf/total_num_tokens": tokens, "perf/time_per_step": timing["step"],
-                        "perf/throughput": tokens / (timing["step"] * s["W"]), "training/global_step": self.global_steps})
+                        "perf/throughput": tokens / (timing["step"] * s["W"]),
+                        "training/global_step": self.global_steps})
         self.batch, self.order, self.gen_metrics = batch, order, gen_metrics
         self.trace = self._live_trace(order, mem, metrics)
         self.history.append(metrics)

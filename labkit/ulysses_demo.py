@@ -15,9 +15,36 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-__all__ = ["run_sp_demo", "sp_rank_main"]
+__all__ = ["demo_batch", "sp_slices", "run_sp_demo", "sp_rank_main"]
 
 _KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def demo_batch(prompt_lengths: list[int], response_lengths: list[int], prompt_width: int, response_width: int,
+               vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A verl-shaped micro-batch as numpy: prompts left-padded to ``prompt_width``, responses right-padded to
+    ``response_width``; input_ids / attention_mask / position_ids (bsz, P+R) and responses (bsz, R)."""
+    if len(prompt_lengths) != len(response_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths but {len(response_lengths)} response lengths")
+    if not all(1 <= p <= prompt_width for p in prompt_lengths) or not all(
+            1 <= r <= response_width for r in response_lengths):
+        raise ValueError(f"lengths must be in [1, {prompt_width}] (prompts) and [1, {response_width}] (responses)")
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((len(prompt_lengths), prompt_width + response_width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        ids[i, prompt_width - p: prompt_width + r] = rng.integers(1, vocab, size=p + r)
+        mask[i, prompt_width - p: prompt_width + r] = 1
+    pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, prompt_width:].copy()}
+
+
+def sp_slices(n_tokens: int, sp: int) -> list[list[int]]:
+    """Which packed tokens (1..n_tokens; 0 = Ulysses pad) each SP rank holds after ulysses_pad_and_slice_inputs."""
+    from labkit.ulysses import ulysses_pad_and_slice_inputs
+
+    ids = torch.arange(1, n_tokens + 1).unsqueeze(0)
+    return [ulysses_pad_and_slice_inputs(ids, None, sp_size=sp, sp_rank=r)[0][0].tolist() for r in range(sp)]
 
 
 def _micro(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -124,6 +151,7 @@ def run_sp_demo(
                 continue
             results[rank] = res
     finally:
+        out_q.close()
         for p in procs:
             p.join(timeout=20)
             if p.is_alive():

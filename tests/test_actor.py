@@ -25,7 +25,7 @@ from _actor_ref import (CFG, LENGTHS, N, P, R, base_settings, hand_update, initi
 LOGPROB_TOL = 1e-5   # max |Δ log-prob| (and entropy) over response tokens, fp32
 UPDATE_RTOL = 1e-5   # max |Δθ_live − Δθ_hand| ≤ UPDATE_RTOL · max |Δθ_hand| (SGD, lr 1: Δθ = −gradient)
 COLL_S = 60.0        # collective timeout of every group (generous: the CI machine is shared)
-GROUPS = {"dp1": (1, 1), "dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2)}  # name -> (W, sp); D = W // sp
+GROUPS = {"dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2), "dp4": (4, 1)}  # name -> (W, sp); D = W // sp (DP1: sp2)
 LONGEST = max(p + r for p, r in LENGTHS)  # 18 = the padded width P + R too
 _OPEN: dict = {}
 _HAND: dict = {}
@@ -43,6 +43,9 @@ def group(name: str):
 @pytest.fixture(scope="module", autouse=True)
 def _close_groups():
     yield
+    usage = [u for wg in _OPEN.values() for u in wg.usage()]
+    print(f"\nrank processes: {len(usage)}, CPU {sum(u['cpu_s'] for u in usage):.1f} s, peak RSS "
+          f"{max(u['max_rss_mb'] for u in usage):.0f} MB; test process CPU {time.process_time():.1f} s")
     for wg in _OPEN.values():
         wg.close()
         assert wg.alive_pids() == []
@@ -86,6 +89,12 @@ def _update(wg, ref, **changes) -> tuple[dict, dict]:
     return {k: after[k] - init[k] for k in init}, metrics
 
 
+def _micro_sizes(name: str) -> list[int]:
+    """Micro sizes dividing the rows of one DP rank (engine E30 otherwise; legacy M′ = N // D needs it too, E21)."""
+    W, sp = GROUPS[name]
+    return [m for m in (1, 2, 4) if (N // (W // sp)) % m == 0]
+
+
 def _update_err(delta: dict, expected: dict) -> tuple[float, float]:
     err = max(float(np.abs(delta[k] - expected[k]).max()) for k in expected)
     return err, max(float(np.abs(v).max()) for v in expected.values())
@@ -104,7 +113,7 @@ def test_log_probs_invariant_to_micro_batching_rmpad_sp_dp(name, ref):
     for profile in ("engine", "legacy"):
         for rmpad in ((True, False) if profile == "legacy" and sp == 1 else (True,)):
             configs = [dict(use_dynamic_bsz=False, log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_gpu=m)
-                       for m in (1, 2, 4)]
+                       for m in _micro_sizes(name)]
             configs += [dict(use_dynamic_bsz=True, log_prob_use_dynamic_bsz=True, log_prob_max_token_len_per_gpu=b)
                         for b in (LONGEST // sp, 30 // sp, 200)]
             for c in configs:
@@ -145,14 +154,15 @@ def test_update_invariant_engine_and_legacy_difference(name, ref):
         return delta
 
     eng = hand("engine", "token-mean", D, None)
-    for m in (1, 2, 4):
+    ms = _micro_sizes(name)
+    for m in ms:
         check(eng, profile="engine", loss_agg_mode="token-mean", use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=m)
     for b in (LONGEST // sp, 40 // sp):
         check(eng, profile="engine", loss_agg_mode="token-mean", use_dynamic_bsz=True, ppo_max_token_len_per_gpu=b)
     legacy = {m: check(hand("legacy", "token-mean", D, m), profile="legacy", loss_agg_mode="token-mean",
-                       use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=m) for m in (1, 4)}
-    gap, scale = _update_err(legacy[1], legacy[4])
-    gap_engine, _ = _update_err(legacy[4], eng[0])
+                       use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=m) for m in (1, ms[-1])}
+    gap, scale = _update_err(legacy[1], legacy[ms[-1]])
+    gap_engine, _ = _update_err(legacy[ms[-1]], eng[0])
     assert gap > 1e-2 * scale and gap_engine > 1e-2 * scale, (gap, gap_engine, scale)
     seq = hand("engine", "seq-mean-token-mean", D, None)
     check(seq, profile="engine", loss_agg_mode="seq-mean-token-mean", use_dynamic_bsz=False,
@@ -161,8 +171,40 @@ def test_update_invariant_engine_and_legacy_difference(name, ref):
           ppo_micro_batch_size_per_gpu=2)
     check(seq, profile="legacy", loss_agg_mode="seq-mean-token-mean", use_dynamic_bsz=True,
           ppo_max_token_len_per_gpu=LONGEST // sp)
-    print(f"\n[{name}] legacy token-mean m=1 vs m=4: max |ΔΔθ| = {gap:.3e} (max |Δθ| {scale:.3e}); "
-          f"legacy m=4 vs engine {gap_engine:.3e}\n  " + "\n  ".join(report))
+    print(f"\n[{name}] legacy token-mean m=1 vs m={ms[-1]}: max |ΔΔθ| = {gap:.3e} (max |Δθ| {scale:.3e}); "
+          f"legacy m={ms[-1]} vs engine {gap_engine:.3e}\n  " + "\n  ".join(report))
+
+
+def test_kl_and_entropy_terms_invariant_engine(ref):
+    """engine with the KL loss to the reference (low_var_kl) and an entropy bonus: every term uses the global
+    denominators, so static m ∈ {1, 4} and a dynamic budget give the same update; legacy does not (local means)."""
+    wg = group("dp2")
+    data, lp, _, init = ref
+    terms = dict(use_kl_loss=True, kl_loss_coef=0.5, entropy_coeff=0.1, loss_agg_mode="token-mean")
+    deltas, metrics = [], []
+    for profile, changes in [("engine", dict(ppo_micro_batch_size_per_gpu=1)),
+                             ("engine", dict(ppo_micro_batch_size_per_gpu=4)),
+                             ("engine", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=LONGEST)),
+                             ("legacy", dict(ppo_micro_batch_size_per_gpu=1)),
+                             ("legacy", dict(ppo_micro_batch_size_per_gpu=4))]:
+        _set(wg, rebuild=True, profile=profile, **terms, **changes)
+        batch = make_batch()
+        batch.batch["old_log_probs"] = lp.clone()
+        batch.batch["ref_log_prob"] = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+        metrics.append(ar.update_actor(wg, batch))
+        after = wg.full_params()[0]
+        deltas.append({k: after[k] - init[k] for k in init})
+    for d in deltas[1:3]:
+        err, scale = _update_err(d, deltas[0])
+        assert err <= UPDATE_RTOL * scale, (err, scale)
+    gap, scale = _update_err(deltas[3], deltas[4])
+    assert gap > 1e-2 * scale
+    for key in ("actor/kl_loss", "actor/entropy_loss", "actor/pg_loss"):  # engine: Σ_micro of global-denominator terms
+        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-4, abs=1e-7)
+        assert metrics[0][key] == pytest.approx(metrics[2][key], rel=1e-4, abs=1e-7)
+    assert metrics[0]["actor/kl_loss"] > 0 and metrics[0]["actor/entropy_loss"] > 0
+    assert {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/kl_coef", "actor/pg_clipfrac", "actor/ppo_kl",
+            "actor/pg_clipfrac_lower", "actor/grad_norm", "actor/lr"} <= set(metrics[3])
 
 
 def test_grad_clip_and_non_finite_skip(ref):

@@ -19,7 +19,6 @@ from labkit.ray_launcher import import_ray, ray_available, start_ray, stop_ray
 from labkit.trace import RankRecord, StepTrace, compare
 from labkit.workers_demo import DemoWorker, add_one_to_ids
 
-pytestmark = pytest.mark.slow
 COLL_S = 3.0  # collective timeout of every group here: hangs must end within COLL_S + a few seconds
 needs_ray = pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")
 _CLOSED: list[WorkerGroup] = []
@@ -214,6 +213,7 @@ def check_matches_planner(wg: WorkerGroup, seed: int) -> None:
 
 # ---- Ray ----------------------------------------------------------------------------------------------------------
 @needs_ray
+@pytest.mark.slow
 def test_ray_group_of_2_starts_and_stops_its_own_ray():
     """Runs first: labkit starts Ray, runs every mode on W=2, a skipped all_reduce fails fast, and Ray goes down."""
     ray = import_ray()
@@ -253,17 +253,20 @@ def ray_wg4(ray_session):
     _assert_clean(wg)
 
 
+@pytest.mark.slow
 def test_ray_group_of_4_modes(ray_wg4):
     assert len(_rank_host_procs()) >= 4
     check_modes(ray_wg4, seed=4)
 
 
+@pytest.mark.slow
 def test_ray_group_of_4_meshes_and_all_gather_variant(ray_wg4):
     check_meshes(ray_wg4, seed=40)
     check_matches_a_prediction(ray_wg4, seed=41)
     check_matches_planner(ray_wg4, seed=42)
 
 
+@pytest.mark.slow
 def test_ray_group_of_1_and_the_driver_watchdog(ray_session):
     """W=1 modes; then a rank wedged in a collective that ignores timeouts is named by the driver's watchdog."""
     wg = WorkerGroup(DemoWorker, 1, launcher="ray", collective_timeout_s=COLL_S)
@@ -299,6 +302,7 @@ def local_wg4():
     _assert_clean(wg)
 
 
+@pytest.mark.slow
 def test_local_group_of_4_modes_meshes_all_gather(local_wg4):
     assert local_wg4.launcher == "local" and len(set(local_wg4.pids)) == 4
     check_modes(local_wg4, seed=14)
@@ -307,6 +311,7 @@ def test_local_group_of_4_modes_meshes_all_gather(local_wg4):
     check_matches_planner(local_wg4, seed=17)
 
 
+@pytest.mark.slow
 def test_local_group_skipped_collective_fails_fast_then_cleans_up(local_wg4):
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeoutError) as err:
@@ -318,6 +323,7 @@ def test_local_group_skipped_collective_fails_fast_then_cleans_up(local_wg4):
     _assert_clean(local_wg4)
 
 
+@pytest.mark.slow
 def test_local_rank_failing_in_init_is_named_and_everything_is_killed():
     before = set(_descendants())
     t0 = time.monotonic()
@@ -365,3 +371,108 @@ def test_auto_launcher_falls_back_to_local_without_ray(monkeypatch):
         controller._pick_launcher("ray")
     with pytest.raises(ValueError, match="launcher must be"):
         controller._pick_launcher("slurm")
+
+
+# ---- parity with verl 0.9.1's dispatch code (the oracle; no processes) --------------------------------------------
+@pytest.fixture(scope="module")
+def verl_dispatch():
+    decorator = pytest.importorskip("verl.single_controller.base.decorator")
+    from verl.protocol import DataProto as VerlDataProto
+    from verl.single_controller.base.worker_group import WorkerGroup as VerlWorkerGroup
+
+    return decorator, VerlDataProto, VerlWorkerGroup
+
+
+class _FakeGroup:
+    """What labkit's dispatch functions ask of a worker group."""
+
+    def __init__(self, world_size: int, mapping: list[int] | None = None, mask: list[bool] | None = None) -> None:
+        self.world_size, self._mapping, self._mask = world_size, mapping, mask
+
+    def dispatch_info(self, mesh_name: str) -> list[int]:
+        return self._mapping
+
+    def collect_info(self, mesh_name: str) -> list[bool]:
+        return self._mask
+
+
+def _pair(n: int, auto_padding: bool, verl_cls):
+    ids = torch.arange(n)
+    return (DataProto.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding),
+            verl_cls.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding))
+
+
+def test_parity_dp_compute_proto_chunks_padding_and_e26(verl_dispatch):
+    from verl.protocol import _padding_size_key
+
+    from labkit.dispatch import split_with_auto_padding
+
+    decorator, VerlDataProto, _ = verl_dispatch
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, w, auto = int(rng.integers(1, 40)), int(rng.integers(1, 9)), bool(rng.integers(0, 2))
+        mine, theirs = _pair(n, auto, VerlDataProto)
+        try:
+            v_args, v_kwargs = decorator._split_args_kwargs_data_proto_with_auto_padding(w, theirs)
+        except AssertionError as exc:
+            with pytest.raises(AssertionError) as err:
+                split_with_auto_padding(w, mine)
+            assert str(err.value) == str(exc)
+            continue
+        m_args, _, pad = split_with_auto_padding(w, mine)
+        assert [c.batch["row_id"].tolist() for c in m_args[0]] == [c.batch["row_id"].tolist() for c in v_args[0]]
+        assert pad == v_kwargs.get(_padding_size_key, 0) and len(mine) == len(theirs)  # both padded in place
+
+
+def test_parity_nd_dispatch_and_collect(verl_dispatch, monkeypatch):
+    import verl.utils.ray_utils as ray_utils
+
+    from labkit.dispatch import collect_nd_compute_dataproto, dispatch_nd_compute_dataproto
+
+    decorator, VerlDataProto, VerlWorkerGroup = verl_dispatch
+    monkeypatch.setattr(ray_utils, "parallel_put", lambda data, max_workers=None: list(data))  # no ray.put here
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        dp, inner = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        w = dp * inner
+        mapping = [r // inner for r in range(w)]               # verl's layouts: TP/SP ranks adjacent
+        mask = [r % inner == 0 for r in range(w)]
+        n = dp * int(rng.integers(1, 5)) + (int(rng.integers(0, dp)) if rng.random() < 0.3 else 0)
+        mine, theirs = _pair(n, False, VerlDataProto)
+        vwg = VerlWorkerGroup.__new__(VerlWorkerGroup)
+        vwg._workers = [None] * w
+        try:
+            v_args, _ = decorator.dispatch_nd_compute_dataproto(mapping, dp, vwg, theirs)
+        except AssertionError as exc:
+            with pytest.raises(AssertionError) as err:
+                dispatch_nd_compute_dataproto("m", _FakeGroup(w, mapping, mask), mine)
+            assert str(err.value) == str(exc)
+            continue
+        m_args, _, _ = dispatch_nd_compute_dataproto("m", _FakeGroup(w, mapping, mask), mine)
+        assert [c.batch["row_id"].tolist() for c in m_args[0]] == [c.batch["row_id"].tolist() for c in v_args[0]]
+        v_out = decorator.collect_nd_compute_dataproto(mask, vwg, list(v_args[0]))
+        m_out = collect_nd_compute_dataproto("m", _FakeGroup(w, mapping, mask), list(m_args[0]))
+        assert m_out.batch["row_id"].tolist() == v_out.batch["row_id"].tolist()
+
+
+def test_parity_execute_all_splits_per_rank_lists_only(verl_dispatch):
+    from verl.single_controller.ray.base import RayWorkerGroup
+
+    from labkit.dispatch import split_for_ranks
+
+    class Recorder(RayWorkerGroup):
+        def _execute_remote_single_worker(self, worker, method_name, *args, **kwargs):
+            return worker, args, kwargs
+
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        w = int(rng.integers(1, 5))
+        pool = [lambda: [f"l{i}" for i in range(w)], lambda: [1] * (w + 1), lambda: (0,) * w, lambda: 5,
+                lambda: None, lambda: []]
+        args = tuple(pool[int(rng.integers(0, len(pool)))]() for _ in range(int(rng.integers(0, 3))))
+        kwargs = {f"k{j}": pool[int(rng.integers(0, len(pool)))]() for j in range(int(rng.integers(0, 3)))}
+        rec = Recorder.__new__(Recorder)
+        rec._workers = list(range(w))
+        theirs = rec.execute_all_async("m", *args, **kwargs)
+        m_args, m_kwargs = split_for_ranks(w, args, kwargs)
+        assert [(a, k) for _, a, k in theirs] == list(zip(m_args, m_kwargs))

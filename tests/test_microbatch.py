@@ -238,7 +238,7 @@ def test_planner_is_fast_for_64_ranks() -> None:
     gc.collect()
     gc.disable()  # as timeit does: a collection of other tests' garbage is not the planner's time
     try:
-        for _ in range(3):
+        for _ in range(5):
             start = time.process_time()  # CPU time: the machine's cores are shared with other jobs
             plans = plan_dp_micro_batches(per_rank, 16384, profile="engine")
             best = min(best, time.process_time() - start)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -202,14 +201,17 @@ def test_prediction_equals_observation(live, dispatch):
 
 
 def test_greedy_tokens_equal_for_every_W_and_TP(live):
-    """Greedy decoding: TP=2 (sharded heads/MLP, all-reduce) gives the same tokens as TP=1, whatever W."""
+    """Greedy decoding: TP=2 (sharded heads/MLP, all-reduce) gives the same tokens as TP=1 and as the whole model in
+    one process, whatever W (every config of the module is compared with the same in-process reference)."""
     batch = live.batch(seed=11)
     out, _ = live.run(batch, dispatch="mesh", do_sample=False)
     check_output(out, batch, N_SAMPLES)
-    key = (live.sizes["W"], live.sizes["tp"])
-    GREEDY[key] = out.batch["responses"]
-    first_key, first = next(iter(GREEDY.items()))
-    assert torch.equal(out.batch["responses"], first), f"greedy tokens of W,TP={key} differ from {first_key}"
+    if "whole" not in GREEDY:  # the whole model in this process: TP=1, one replica, no worker group
+        GREEDY["whole"] = rollout.reference_generate(batch, N_SAMPLES, do_sample=False, response_length=RESPONSE)
+    whole = GREEDY["whole"]
+    check_output(whole, batch, N_SAMPLES)
+    assert torch.equal(out.batch["responses"], whole.batch["responses"]), \
+        f"greedy tokens of W={live.sizes['W']}, TP={live.sizes['tp']} differ from the whole model's"
     assert torch.equal(out.batch["responses"][0::2], out.batch["responses"][1::2])  # greedy: n copies identical
 
 
@@ -218,6 +220,9 @@ def test_seeded_sampling_is_reproducible(live):
     a, _ = live.run(batch, dispatch="mesh", seed=3)
     b, _ = live.run(batch, dispatch="mesh", seed=3)
     assert torch.equal(a.batch["responses"], b.batch["responses"])
+    if live.sizes["W"] // live.sizes["tp"] == 1:  # one replica: its sampling stream is the in-process reference's
+        ref = rollout.reference_generate(batch, N_SAMPLES, seed=3, response_length=RESPONSE)
+        assert torch.equal(a.batch["responses"], ref.batch["responses"])
     hot3, _ = live.run(batch, dispatch="mesh", seed=3, temperature=3.0)  # flat enough that seeds must matter
     hot4, _ = live.run(batch, dispatch="mesh", seed=4, temperature=3.0)
     assert not torch.equal(hot3.batch["responses"], hot4.batch["responses"])
