@@ -212,14 +212,14 @@ class LocalLauncher:
     def close(self, graceful_s: float = 3.0) -> list[dict]:
         """Ask every rank to destroy its process group, then terminate/kill whatever is still alive."""
         reports: dict[int, dict] = {}
-        for rank, conn in enumerate(self.conns):
+        for rank, conn in enumerate(self.conns[:len(self.procs)]):  # a spawn that failed partway has fewer
             try:
                 if self.procs[rank].is_alive():
                     _send(conn, ("shutdown",))
             except (OSError, BrokenPipeError):
                 pass
         deadline = time.monotonic() + graceful_s
-        for rank, conn in enumerate(self.conns):
+        for rank, conn in enumerate(self.conns[:len(self.procs)]):
             while rank not in reports and self.procs[rank].is_alive() and time.monotonic() < deadline:
                 try:
                     if conn.poll(0.05):

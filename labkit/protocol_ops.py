@@ -196,7 +196,8 @@ def _tensor_to_numpy(t: torch.Tensor) -> tuple[str, Any]:
 def _tensor_from_numpy(name: str, payload: Any) -> torch.Tensor:
     dtype = getattr(torch, name)
     if isinstance(payload, np.ndarray):
-        return torch.from_numpy(payload)
+        # Ray hands over read-only buffers; copy those instead of aliasing memory torch may not write to
+        return torch.from_numpy(payload if payload.flags.writeable else payload.copy())
     if payload[0] == "nested":
         rows = [_tensor_from_numpy(n, p) for n, p in payload[2]]
         return torch.nested.as_nested_tensor(rows, layout=getattr(torch, payload[1]))
