@@ -95,10 +95,60 @@ def sp_rank_main(rank: int, sp: int, port: int, payload: dict, out_q: Any) -> No
         ldist.teardown()
     except BaseException:  # report, never leave the parent waiting for its timeout
         res = {"error": traceback.format_exc()}
+    report_and_exit(out_q, rank, res)
+
+
+def report_and_exit(out_q: Any, rank: int, res: dict) -> None:
+    """Rank side of ``spawn_ranks``: send numpy/python results (never tensors), flush, skip interpreter teardown."""
     out_q.put((rank, res))
     out_q.close()
     out_q.join_thread()
     os._exit(0)
+
+
+def spawn_ranks(target: Any, world_size: int, payload: dict, timeout_s: float) -> dict[int, dict]:
+    """Spawn ``target(rank, world_size, port, payload, out_q)`` on gloo ranks and collect each rank's result dict.
+
+    Every process is joined (killed if needed) whatever happens; raises TimeoutError if a rank sends nothing within
+    ``timeout_s``, RuntimeError if a rank died without a result or reported an ``error`` traceback."""
+    import torch.multiprocessing as mp
+
+    from labkit import dist as ldist
+
+    ctx = mp.get_context("spawn")
+    out_q = ctx.Queue()
+    port = ldist.free_port()
+    procs = [ctx.Process(target=target, args=(r, world_size, port, payload, out_q), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, dict] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(results) < world_size:
+            try:
+                rank, res = out_q.get(timeout=1.0)
+            except queue_mod.Empty:
+                missing = sorted(set(range(world_size)) - set(results))
+                dead = [r for r in missing if procs[r].exitcode is not None]
+                if dead:  # a rank that died before reporting (e.g. spawn could not import the caller's __main__)
+                    raise RuntimeError(f"ranks {dead} exited (codes {[procs[r].exitcode for r in dead]}) "
+                                       "without a result; see their stderr") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks {missing} sent nothing within {timeout_s:.0f} s") from None
+                continue
+            results[rank] = res
+    finally:
+        out_q.close()
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    errors = {r: res["error"] for r, res in results.items() if "error" in res}
+    if errors:
+        raise RuntimeError(f"rank errors: {errors}")
+    return dict(sorted(results.items()))
 
 
 def run_sp_demo(
@@ -111,9 +161,6 @@ def run_sp_demo(
     """Spawn ``sp`` gloo ranks on ``batch`` (numpy input_ids, attention_mask, position_ids (bsz, P+R), responses
     (bsz, R)); returns {"ranks": {rank: results}, "sp1_log_probs", "max_diff" (over the response mask), "wall_s"}.
     Raises TimeoutError if a rank sends nothing within ``timeout_s`` and RuntimeError with the rank's traceback."""
-    import torch.multiprocessing as mp
-
-    from labkit import dist as ldist
     from labkit.logprob import forward_micro_batch
     from labkit.tiny_model import load_tiny_model
     from labkit.ulysses import check_ulysses_heads
@@ -127,41 +174,10 @@ def run_sp_demo(
         ref, _ = forward_micro_batch(model, _micro(batch), use_remove_padding=True, temperature=temperature)
     payload = {"batch": batch, "demo_ids": list(demo_ids or range(1, 8)), "temperature": temperature,
                "timeout_s": min(60.0, timeout_s)}
-    ctx = mp.get_context("spawn")
-    out_q = ctx.Queue()
-    port = ldist.free_port()
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=sp_rank_main, args=(r, sp, port, payload, out_q), daemon=True) for r in range(sp)]
-    for p in procs:
-        p.start()
-    results: dict[int, dict] = {}
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(results) < sp:
-            try:
-                rank, res = out_q.get(timeout=1.0)
-            except queue_mod.Empty:
-                missing = sorted(set(range(sp)) - set(results))
-                dead = [r for r in missing if procs[r].exitcode is not None]
-                if dead:  # a rank that died before reporting (e.g. spawn could not import the caller's __main__)
-                    raise RuntimeError(f"SP ranks {dead} exited (codes {[procs[r].exitcode for r in dead]}) "
-                                       "without a result; see their stderr") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"SP ranks {missing} sent nothing within {timeout_s:.0f} s") from None
-                continue
-            results[rank] = res
-    finally:
-        out_q.close()
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    errors = {r: res["error"] for r, res in results.items() if "error" in res}
-    if errors:
-        raise RuntimeError(f"SP rank errors: {errors}")
+    results = spawn_ranks(sp_rank_main, sp, payload, timeout_s)
     mask = batch["attention_mask"][:, -batch["responses"].shape[1]:].astype(bool)
     ref_np = ref.numpy()
     diff = max(float(np.abs(results[r]["log_probs"] - ref_np)[mask].max()) for r in results)
-    return {"ranks": dict(sorted(results.items())), "sp1_log_probs": ref_np, "max_diff": diff,
+    return {"ranks": results, "sp1_log_probs": ref_np, "max_diff": diff,
             "wall_s": time.perf_counter() - t0}

@@ -7,12 +7,13 @@ numpy / python values only (a torch tensor through an mp queue can hang the pare
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 
 import numpy as np
 import torch
+
+from labkit.ulysses_demo import report_and_exit
 
 CFG = dict(
     vocab_size=256,
@@ -166,7 +167,4 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
         ldist.teardown()
     except BaseException:  # report, never leave the parent waiting for its timeout
         res = {"error": traceback.format_exc()}
-    out_q.put((rank, res))
-    out_q.close()
-    out_q.join_thread()
-    os._exit(0)  # skip torch/transformers interpreter teardown; nothing is left open
+    report_and_exit(out_q, rank, res)

@@ -8,7 +8,6 @@ SP runs once, in 4 real gloo processes (tests/_ulysses_ranks.py): mesh (dp=2, sp
 
 from __future__ import annotations
 
-import queue as queue_mod
 import time
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 import _ulysses_ranks as R
-from labkit import dist as ldist
+from labkit.ulysses_demo import spawn_ranks
 from labkit.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
 from labkit.packing import compute_position_id_with_mask, index_first_axis, pack_micro_batch, pad_input, unpad_input
 from labkit.ulysses import (
@@ -72,35 +71,11 @@ def reference(model, batches):
 @pytest.fixture(scope="module")
 def sp_run(model, tmp_path_factory):
     """One 4-rank gloo job (spawn); returns {rank: results} and the wall time."""
-    import torch.multiprocessing as mp
-
     state_path = str(tmp_path_factory.mktemp("uly") / "state.pt")
     torch.save(model.state_dict(), state_path)
     payload = {"state_path": state_path, "batches": {name: R.make_batch(name) for name in R.BATCHES}}
-    ctx = mp.get_context("spawn")
-    out_q = ctx.Queue()
-    port = ldist.free_port()
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=R.rank_main, args=(r, 4, port, payload, out_q), daemon=True) for r in range(4)]
-    for p in procs:
-        p.start()
-    results: dict = {}
-    try:
-        deadline = time.monotonic() + RANK_TIMEOUT_S
-        while len(results) < len(procs):
-            try:
-                rank, res = out_q.get(timeout=max(1.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                pytest.fail(f"SP ranks {sorted(set(range(4)) - set(results))} sent nothing within {RANK_TIMEOUT_S} s")
-            results[rank] = res
-    finally:
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    errors = {r: res["error"] for r, res in results.items() if "error" in res}
-    assert not errors, f"rank errors: {errors}"
+    results = spawn_ranks(R.rank_main, 4, payload, RANK_TIMEOUT_S)  # raises with each failing rank's traceback
     return results, time.perf_counter() - t0
 
 
