@@ -87,9 +87,41 @@ def main() -> int:
         counts = {p.num_micro_batches for p in plans}
         print(f"planner: dynamic micro-batching, 64 ranks x 256 seqs ({profile}): {t_plan * 1e3:.1f} ms, "
               f"micro-batches per rank {sorted(counts)}")
+    plan_figures(args.reps)
     print("all identical:", all_identical)
     return 0 if all_identical else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+PLAN_16K = ["data.train_batch_size=1024", "actor_rollout_ref.rollout.n=16", "trainer.n_gpus_per_node=8",
+            "trainer.nnodes=8", "actor_rollout_ref.actor.ppo_mini_batch_size=256", "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.use_kl_loss=true", "data.max_prompt_length=1024",
+            "data.max_response_length=2048", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+
+
+def plan_figures(reps: int) -> None:
+    """The whole planner (every stage, every rank) for 16,384 gsm8k-like lengths on 64 ranks, dynamic micro-batching,
+    collector on as in a notebook: a cold plan, and a recomputation after the token budget changed (what a widget
+    does: the _balance_batch result of the same lengths is reused). Goal < 100 ms. The median of many runs and the
+    best are both printed: on a shared VM the same work varies up to 2x between runs."""
+    from labkit import plan_stages
+    from labkit.config import load_config
+    from labkit.lengths import lengths_for_config
+    from labkit.plan import plan
+
+    budgets = [16384, 12288, 20480, 8192]
+    for profile in PROFILES:
+        cfgs = [load_config(overrides=PLAN_16K + [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={b}"],
+                            profile=profile) for b in budgets]
+        lengths = lengths_for_config(cfgs[0], "gsm8k-like")
+        for label, cold in (("cold", True), ("budget changed", False)):
+            times = []
+            for i in range(max(3 * reps, len(cfgs))):
+                if cold:
+                    plan_stages._balanced.cache_clear()
+                start = time.process_time()
+                tr = plan(cfgs[i % len(cfgs)], lengths)
+                times.append(time.process_time() - start)
+            times.sort()
+            print(f"planner: plan() 16,384 seqs, 64 ranks, dynamic ({profile}), {label}: median "
+                  f"{times[len(times) // 2] * 1e3:.1f} ms, best {times[0] * 1e3:.1f} ms CPU "
+                  f"({len(times)} runs, budgets {budgets}; {len(tr.ranks)} rank records)")

@@ -78,7 +78,8 @@ class ActorSettings:
 
 
 def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
-    """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every key above), plus model kwargs."""
+    """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every key above, the learning rate from
+    ``actor_rollout_ref.actor.optim.lr``), plus model kwargs."""
     g = cfg.get
     a, r, f = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
     return ActorSettings(
@@ -97,7 +98,7 @@ def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
         log_prob_max_token_len_per_gpu=g(f"{r}.log_prob_max_token_len_per_gpu"),
         ref_log_prob_micro_batch_size_per_gpu=g(f"{f}.log_prob_micro_batch_size_per_gpu"),
         ref_log_prob_use_dynamic_bsz=g(f"{f}.log_prob_use_dynamic_bsz"),
-        ref_log_prob_max_token_len_per_gpu=g(f"{f}.log_prob_max_token_len_per_gpu"), **model)
+        ref_log_prob_max_token_len_per_gpu=g(f"{f}.log_prob_max_token_len_per_gpu"), lr=g(f"{a}.optim.lr"), **model)
 
 
 # ---- which micro-batching each stage uses (plan_roles' rules) -------------------------------------------------------

@@ -6,15 +6,24 @@ Mirrors verl/single_controller/base/decorator.py and base/worker.py (semantics, 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
-from labkit.protocol import DataProto
+if TYPE_CHECKING:
+    from labkit.protocol import DataProto
+
+
+def is_data_proto(obj: Any) -> bool:
+    """is_data_proto(obj) without importing labkit.protocol (tensordict pulls torch._dynamo, ~1.5 CPU-s per
+    rank): an object can only be a DataProto once its module is loaded, e.g. by unpickling one."""
+    mod = sys.modules.get("labkit.protocol")
+    return mod is not None and isinstance(obj, mod.DataProto)
 
 REGISTER_ATTR = "_labkit_register"
 
@@ -132,7 +141,7 @@ class Worker:
 # ---- what a rank holds: rows and tokens ---------------------------------------------------------------------------
 def rows_tokens(obj: Any) -> tuple[int, int | None]:
     """Rows of a DataProto/array/tensor (0 for other objects) and tokens = sum of attention_mask when present."""
-    if isinstance(obj, DataProto):
+    if is_data_proto(obj):
         tokens = None
         if obj.batch is not None and "attention_mask" in obj.batch.keys():
             tokens = int(obj.batch["attention_mask"].sum().item())
@@ -146,7 +155,7 @@ def first_batch_arg(args: tuple, kwargs: dict) -> Any:
     """The first DataProto among args then kwargs (what the trace counts), else the first argument, else None."""
     values = list(args) + list(kwargs.values())
     for v in values:
-        if isinstance(v, DataProto):
+        if is_data_proto(v):
             return v
     return values[0] if values else None
 
@@ -178,7 +187,7 @@ def dispatch_dp_compute(wg: Any, *args: Any, **kwargs: Any) -> Split:
 
 
 def _chunk(obj: Any, chunks: int) -> list:
-    if not isinstance(obj, DataProto):
+    if not is_data_proto(obj):
         raise AssertionError(f"arg of type {type(obj)} is not chunkable")
     pieces = obj.chunk(chunks=chunks)
     if len(pieces) != chunks:
@@ -194,7 +203,7 @@ def split_with_auto_padding(chunks: int, *args: Any, **kwargs: Any) -> Split:
 
     def pad_and_split(obj: Any) -> list:
         nonlocal length, pad
-        if not isinstance(obj, DataProto):
+        if not is_data_proto(obj):
             raise AssertionError(f"DP_COMPUTE_PROTO chunks DataProto arguments only, got {type(obj).__name__}")
         if obj.is_padding_enabled():
             if length is None:
@@ -255,13 +264,13 @@ def collect_all(wg: Any, outputs: list) -> list:
 
 def concat_outputs(outputs: list) -> DataProto:
     """DataProto.concat of same-typed outputs. Mirrors decorator.py: _concat_data_proto_or_future."""
-    if not outputs or not isinstance(outputs[0], DataProto):
+    if not outputs or not is_data_proto(outputs[0]):
         raise AssertionError(f"expecting concatable output, but got element type "
                              f"{type(outputs[0]) if outputs else 'empty'}")
     for o in outputs:
         if type(o) is not type(outputs[0]):
             raise AssertionError(f"outputs of mixed types: {type(o)} and {type(outputs[0])}")
-    return DataProto.concat(outputs)
+    return type(outputs[0]).concat(outputs)
 
 
 def collect_dp_compute_data_proto(wg: Any, outputs: list) -> DataProto:
@@ -313,7 +322,7 @@ def unpad_output(output: Any, pad: int) -> Any:
     """Drop the rows auto-padding added. Mirrors verl/single_controller/ray/base.py: func_generator."""
     if pad <= 0:
         return output
-    if isinstance(output, DataProto):
+    if is_data_proto(output):
         return output.select_idxs(list(range(len(output)))[:-pad])
     if isinstance(output, list):
         return output[:-pad]

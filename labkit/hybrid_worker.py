@@ -86,6 +86,7 @@ class ActorRolloutRefWorker(ActorWorker):
 
 
 def settings_for(cfg: Any) -> am.ActorSettings:
-    """The actor settings a trainer config gives (shipped tiny model; labkit's config has no actor.optim.lr key, the
-    trainer takes ``lr`` as an argument)."""
+    """The actor settings a trainer config gives (shipped tiny model), via ``labkit.actor_math.settings_from_config``:
+    the learning rate is ``actor_rollout_ref.actor.optim.lr`` (verl's default 1e-6); ``GRPOTrainer(lr=...)``
+    overrides it when given."""
     return am.settings_from_config(cfg)

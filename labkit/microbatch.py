@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable, Generator, Sequence
 
-from labkit.balance import WORKLOAD_LINEAR, _as_values, get_seqlen_balanced_partitions
+from labkit.balance import WORKLOAD_LINEAR
+from labkit.kk import as_values
+from labkit.microbatch_dp import free_partitions, lockstep
 
 PROFILES = ("legacy", "engine")
 
 # dp_sync(op, values) -> values all-reduced over the DP group; op is "max" or "min" (verl: dist.all_reduce).
 DpSync = Callable[[str, list[int]], list[int]]
-_SyncSteps = Generator[tuple[str, list[int]], list[int], "MicroBatchPlan"]
+# A rank's plan yields ("max"|"min", values) for each DP all-reduce and ("kk", (workloads, k)) for each KK partition.
+_SyncSteps = Generator[tuple[str, Any], Any, "MicroBatchPlan"]
 
 
 @dataclass
@@ -66,7 +69,7 @@ def _plan_steps(
 ) -> _SyncSteps:
     """One rank's rearrange_micro_batches as a generator that yields each DP all-reduce it needs."""
     _check_profile(profile)
-    lens = _as_values(seqlens)
+    lens = as_values(seqlens)
     if set(map(type, lens)) != {int}:
         lens = [int(x) for x in lens]
     if max_seq_len is None:  # verl's nested path: max over the lengths (a 0-d tensor for a tensor input)
@@ -94,7 +97,7 @@ def _plan_steps(
     group_len = [sum(lens[j * g : (j + 1) * g]) for j in range(num_groups)] if g > 1 else lens
     attempts = 1
     if profile == "legacy":  # the budget only sets the count; a bucket may exceed it
-        parts = get_seqlen_balanced_partitions(group_w, k, equal_size=False)
+        parts = yield "kk", (group_w, k)
         tokens = [sum(map(group_len.__getitem__, part)) for part in parts]
     else:
         max_group, min_groups = max(group_len), num_groups
@@ -115,7 +118,7 @@ def _plan_steps(
                     "micro-batch count across DP ranks. "
                     f"Requested {k} non-empty micro-batches, but a rank has only {min_groups} forced groups."
                 )
-            parts = get_seqlen_balanced_partitions(group_w, k, equal_size=False)
+            parts = yield "kk", (group_w, k)
             attempts += 1
             tokens = [sum(map(group_len.__getitem__, part)) for part in parts]
             fits = max(tokens) <= max_token_len
@@ -167,7 +170,7 @@ def rearrange_micro_batches(
     try:
         while True:
             op, values = steps.send(reply)
-            reply = list(dp_sync(op, values))
+            reply = free_partitions(*values) if op == "kk" else list(dp_sync(op, values))
     except StopIteration as done:
         return done.value
 
@@ -204,33 +207,36 @@ def plan_dp_micro_batches(
     `max_seq_len`: one width for all ranks, a list (one per rank), or None. An error is raised as verl raises it,
     with a note naming the dp_rank (in verl, ranks that did not raise would then wait in the next all_reduce).
     """
-    widths = max_seq_len if isinstance(max_seq_len, (list, tuple)) else [max_seq_len] * len(per_rank_seqlens)
-    sync = dp_group and same_micro_num_in_dp
-    ranks = [_plan_steps(lens, max_token_len, profile, w, sync, num_batches_divided_by, min_num_micro_batch,
-                         use_dynamic_bsz_balance, force_group_size) for lens, w in zip(per_rank_seqlens, widths)]
-    plans: list[Any] = [None] * len(ranks)
-    replies: list[Any] = [None] * len(ranks)
-    active = list(range(len(ranks)))
-    while active:
-        requests = {}
-        for r in active:
-            try:
-                requests[r] = ranks[r].send(replies[r])
-            except StopIteration as done:
-                plans[r] = done.value
-            except Exception as err:
-                err.add_note(f"raised on dp_rank {r}")
-                raise
-        if requests and len(requests) != len(active):
-            raise RuntimeError("DP ranks disagree on the all-reduce sequence: verl would hang here")
-        if requests:
-            ops = {op for op, _ in requests.values()}
-            assert len(ops) == 1, f"DP ranks issue different all-reduces: {ops}"
-            reduce = max if ops.pop() == "max" else min
-            reduced = [reduce(col) for col in zip(*(v for _, v in requests.values()))]
-            replies = [list(reduced) for _ in ranks]
-        active = list(requests)
-    return plans
+    return plan_dp_micro_batches_each(
+        [per_rank_seqlens], max_token_len, profile=profile, max_seq_len=max_seq_len, dp_group=dp_group,
+        same_micro_num_in_dp=same_micro_num_in_dp, num_batches_divided_by=num_batches_divided_by,
+        min_num_micro_batch=min_num_micro_batch, use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size)[0]
+
+
+def plan_dp_micro_batches_each(groups: Sequence[Sequence[Any]], max_token_len: int, **kwargs: Any
+                               ) -> list[list[MicroBatchPlan]]:
+    """`plan_dp_micro_batches` for several batches that the same DP ranks cut one after another (the mini-batches of
+    an update): each batch's all-reduces stay within it, and the KK partitions of all of them are computed together.
+    The first error is the one verl meets first: the lowest dp_rank of the first failing batch."""
+    profile, width = kwargs.get("profile", "engine"), kwargs.get("max_seq_len")
+    sync = kwargs.get("dp_group", True) and kwargs.get("same_micro_num_in_dp", True)
+    rest = (kwargs.get("num_batches_divided_by"), kwargs.get("min_num_micro_batch"),
+            kwargs.get("use_dynamic_bsz_balance", True), kwargs.get("force_group_size", 1))
+    gens = {}
+    for g, per_rank in enumerate(groups):
+        widths = width if isinstance(width, (list, tuple)) else [width] * len(per_rank)
+        for r, (lens, w) in enumerate(zip(per_rank, widths)):
+            gens[g, r] = _plan_steps(lens, max_token_len, profile, w, sync, *rest)
+    try:
+        plans = lockstep(gens)
+    except Exception:
+        if len(groups) == 1:
+            raise
+        for per_rank in groups:  # one batch at a time, as verl runs them, to raise the error verl meets first
+            plan_dp_micro_batches_each([per_rank], max_token_len, **kwargs)
+        raise
+    return [[plans[g, r] for r in range(len(per_rank))] for g, per_rank in enumerate(groups)]
 
 
 def static_micro_batches(

@@ -10,6 +10,7 @@ plan goes on with what it can; ``summary`` also holds ``labkit.validate``'s find
 
 from __future__ import annotations
 
+import gc
 from dataclasses import asdict, is_dataclass
 from typing import Any, Callable, Sequence
 
@@ -96,6 +97,16 @@ def plan(
     """
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {list(DISPATCH)}, got {dispatch!r}")
+    collecting = gc.isenabled()
+    gc.disable()  # a plan allocates ~10^5 acyclic objects; cyclic collections in between cost ~10% for nothing
+    try:
+        return _plan(cfg, lengths, dispatch, seed)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int) -> StepTrace:
     lens = lengths_for_config(cfg, lengths, seed)
     ctx = build_ctx(cfg, lens, dispatch)
     tr = StepTrace(profile=cfg.profile, source="plan")

@@ -47,30 +47,46 @@ def dynamic_partitions(
     """Dynamic micro-batches of every DP rank at once (count synced by MAX): per rank (local index lists, tokens,
     workloads), and the sync collectives each rank issues (names from ``plan_ctx.COLLECTIVES``).
     """
-    key = ("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank))
-    hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
-    lens = [[ctx.lengths[i] for i in idx] for idx in per_rank]
-    try:
-        plans = microbatch.plan_dp_micro_batches(
-            lens, budget, profile=ctx.profile, max_seq_len=ctx.width if ctx.profile == "legacy" else None)
-    except (AssertionError, ValueError) as exc:
-        fail = failure_from(exc)
-        if fail.code == "E31" and ctx.profile == "engine":
-            # every DP rank whose longest row exceeds the budget raises; show the rank holding the longest row.
-            # verl takes max() over a 1-D tensor, so the value prints as a 0-d tensor
-            longest = max(max(x) for x in lens)
-            fail.message = re.sub(r"max_seq_len=\S+$", f"max_seq_len=tensor({longest})", fail.message)
-        raise fail from None
-    # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
-    coll = {"all_reduce(max):num_micro_batches": 1}
-    if ctx.profile == "engine":
-        coll["all_reduce(max):group_stats"] = 1
-        coll["all_reduce(min):within_limit"] = plans[0].attempts
-    out = ([(p.indices, p.tokens, p.workloads) for p in plans], coll)
-    ctx.cache[key] = out
-    return out
+    return dynamic_partitions_each(ctx, [per_rank], budget)[0]
+
+
+def dynamic_partitions_each(
+    ctx: Ctx, batches: Sequence[Sequence[Sequence[int]]], budget: int
+) -> list[tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]]:
+    """``dynamic_partitions`` of several batches the DP ranks cut one after another (an update's mini-batches),
+    planned together (``microbatch.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
+    keys = [("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
+    todo = [j for j, key in enumerate(keys) if key not in ctx.cache]
+    if todo:
+        lens = [[[ctx.lengths[i] for i in idx] for idx in batches[j]] for j in todo]
+        width = ctx.width if ctx.profile == "legacy" else None
+        try:
+            plans = microbatch.plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
+        except (AssertionError, ValueError) as exc:
+            for batch in lens:  # the failing batch (the first, as in verl) names the longest row in E31
+                try:
+                    microbatch.plan_dp_micro_batches(batch, budget, profile=ctx.profile, max_seq_len=width)
+                except (AssertionError, ValueError) as first:
+                    raise _failure(first, batch, ctx.profile) from None
+            raise _failure(exc, lens[0], ctx.profile) from None
+        for j, batch_plans in zip(todo, plans):
+            # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
+            coll = {"all_reduce(max):num_micro_batches": 1}
+            if ctx.profile == "engine":
+                coll["all_reduce(max):group_stats"] = 1
+                coll["all_reduce(min):within_limit"] = batch_plans[0].attempts
+            ctx.cache[keys[j]] = ([(p.indices, p.tokens, p.workloads) for p in batch_plans], coll)
+    return [ctx.cache[key] for key in keys]
+
+
+def _failure(exc: BaseException, lens: list[list[int]], profile: str) -> StageFailure:
+    fail = failure_from(exc)
+    if fail.code == "E31" and profile == "engine":
+        # every DP rank whose longest row exceeds the budget raises; show the rank holding the longest row.
+        # verl takes max() over a 1-D tensor, so the value prints as a 0-d tensor
+        longest = max(max(x) for x in lens)
+        fail.message = re.sub(r"max_seq_len=\S+$", f"max_seq_len=tensor({longest})", fail.message)
+    return fail
 
 
 def micro_records(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from labkit.plan_ctx import ARR, Ctx, StageFailure, actor_layout, fail_chunk
-from labkit.plan_micro import dynamic_partitions, micro_records, static_partitions
+from labkit.plan_micro import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
 from labkit.plan_roles import TITLES, Params, params
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
@@ -155,10 +155,11 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     rec.per_rank_rows = rows
     minis = split(rows)
     starts = [sum(minis[:j]) for j in range(len(minis))]
-    per_mini = []  # per mini-batch j: (partitions per DP rank, sync collectives)
-    for j, size in enumerate(minis):
-        sub = [c[starts[j]:starts[j] + size] for c in chunks]
-        per_mini.append(_cut(ctx, p, sub))
+    subs = [[c[starts[j]:starts[j] + size] for c in chunks] for j, size in enumerate(minis)]
+    if p.dyn and ctx.lengths is not None:  # per mini-batch j: (partitions per DP rank, sync collectives)
+        per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)
+    else:
+        per_mini = [_cut(ctx, p, sub) for sub in subs]
     ga = None if dyn else len(per_mini[0][0][0])
     steps = epochs * len(minis)
     scale = loss_scale(ctx, name, D, mini, mini // m if (m and not dyn) else ga, dyn)

@@ -11,7 +11,7 @@ import traceback
 from typing import Any
 
 from labkit import dist
-from labkit.dispatch import first_batch_arg, rows_tokens
+from labkit.dispatch import first_batch_arg, is_data_proto, rows_tokens
 
 CALL_QUERY = "_lk_query"  # built-in: a rank's registered dispatch info (dp_rank / is_collect) for a mesh
 
@@ -71,8 +71,6 @@ class RankHost:
 
     def _call(self, method: str, args: tuple, kwargs: dict, gather_group: str | None,
               mesh_name: str | None) -> dict[str, Any]:
-        from labkit.protocol import DataProto
-
         before = dist.collective_counts()
         t0 = time.perf_counter()
         recv_rows, recv_tokens = rows_tokens(first_batch_arg(args, kwargs))
@@ -85,12 +83,12 @@ class RankHost:
             group, coord, group_mesh = self.worker._lk_groups[gather_group]
             coords = self.worker.rank_coords(group_mesh)
             coords[coord] = dist.group_rank(group)
-            args = tuple(dist.all_gather_data_proto(a, group) if isinstance(a, DataProto) else a for a in args)
-            kwargs = {k: dist.all_gather_data_proto(v, group) if isinstance(v, DataProto) else v
+            args = tuple(dist.all_gather_data_proto(a, group) if is_data_proto(a) else a for a in args)
+            kwargs = {k: dist.all_gather_data_proto(v, group) if is_data_proto(v) else v
                       for k, v in kwargs.items()}
         rows, tokens = rows_tokens(first_batch_arg(args, kwargs))
         value = getattr(self.worker, method)(*args, **kwargs)
-        if group is not None and isinstance(value, DataProto):
+        if group is not None and is_data_proto(value):
             value = value.chunk(dist.group_size(group))[dist.group_rank(group)]
         out_rows, out_tokens = rows_tokens(value)
         after = dist.collective_counts()

@@ -116,10 +116,12 @@ class _Progress:
 
 
 class GRPOTrainer:
-    """A worker group of hybrid-engine ranks for one config; ``step()`` runs one full GRPO step and returns metrics."""
+    """A worker group of hybrid-engine ranks for one config; ``step()`` runs one full GRPO step and returns metrics.
+
+    The actor's AdamW learning rate is ``actor_rollout_ref.actor.optim.lr`` of the config unless ``lr`` is given."""
 
     def __init__(self, cfg: VerlConfig | Sequence[str] | None = None, *, launcher: str = "auto", seed: int = 0,
-                 lr: float = 1e-6, progress: bool = True, fixed_prompts: bool = False, timeout_s: float = 300.0,
+                 lr: float | None = None, progress: bool = True, fixed_prompts: bool = False, timeout_s: float = 300.0,
                  collective_timeout_s: float = 60.0) -> None:
         self.cfg = trainer_config(cfg)
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
@@ -127,7 +129,7 @@ class GRPOTrainer:
                              f"{self.cfg.get('algorithm.adv_estimator')!r}")
         self.sizes = s = sizes(self.cfg)
         self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
-        self.settings = settings_for(self.cfg).with_(lr=float(lr), seed=seed)
+        self.settings = settings_for(self.cfg).with_(seed=seed, **({} if lr is None else {"lr": float(lr)}))
         self.global_steps, self.history = 0, []
         self.trace: StepTrace | None = None
         self.lengths: list[int] | None = None

@@ -54,12 +54,12 @@ def peak_memory(trace: StepTrace) -> go.Figure:
     return fig
 
 
-def reward_curve(history: Sequence[dict]) -> go.Figure:
-    """critic/score/mean and response_length/mean per GRPO step."""
+def reward_curve(history: Sequence[dict], title: str = "mean rule reward per GRPO step") -> go.Figure:
+    """critic/score/mean per GRPO step."""
     steps = [int(h["training/global_step"]) for h in history]
     fig = go.Figure(go.Scatter(x=steps, y=[h["critic/score/mean"] for h in history], mode="lines+markers",
                                name="critic/score/mean"))
-    fig.update_layout(title="mean rule reward per GRPO step", xaxis_title="GRPO step",
+    fig.update_layout(title=title, xaxis_title="GRPO step",
                       yaxis_title="critic/score/mean (fraction correct, 0–1)")
     return fig
 

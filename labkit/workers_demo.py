@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from labkit import dist
 from labkit.dispatch import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from labkit.protocol import DataProto
+
+if TYPE_CHECKING:  # imported by unpickling the first DataProto a rank receives
+    from labkit.protocol import DataProto
 
 
 def add_one_to_ids(data: DataProto) -> DataProto:
     """A module-level function for DP_COMPUTE_PROTO_WITH_FUNC (functions travel by reference)."""
-    return DataProto.from_dict(tensors={"row_id": data.batch["row_id"] + 1})
+    return type(data).from_dict(tensors={"row_id": data.batch["row_id"] + 1})
 
 
 class DemoWorker(Worker):
@@ -48,7 +50,7 @@ class DemoWorker(Worker):
 
     def _tag(self, data: DataProto) -> DataProto:
         n = len(data)
-        return DataProto.from_dict(tensors={"row_id": data.batch["row_id"].clone(),
+        return type(data).from_dict(tensors={"row_id": data.batch["row_id"].clone(),
                                             "rank": torch.full((n,), self.rank),
                                             "seen_rows": torch.full((n,), n)})
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from labkit import balance as L
+from labkit import kk
 
 V = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl 0.9.1 (test oracle) is not installed")
 
@@ -102,8 +103,28 @@ def test_numpy_equal_size_path_agrees_with_the_python_path() -> None:
         k = rng.choice([48, 50, 64])
         values = random_values(rng, k * rng.randint(1, 10))
         values = [abs(int(v)) for v in values]
-        assert L._kk_equal_np(values, k) == L._kk_int(values, k, equal_size=True) == L.karmarkar_karp(values, k, True)
+        assert kk.kk_equal_np(values, k) == kk._kk_int(values, k, equal_size=True) == L.karmarkar_karp(values, k, True)
 
+
+
+def test_lockstep_batch_kk_matches_verl() -> None:
+    """kk_free_batch runs R free-size instances in lockstep on numpy rows; each instance must come out as verl's
+    get_seqlen_balanced_partitions gives it (empty sets as []), on ties, zeros, k = 1 and k = N included."""
+    rng = random.Random("lockstep")
+    checked = 0
+    for _ in range(60):
+        n = rng.choice([1, 2, 3, 5, 8, 16, 40, 64])
+        k = rng.choice([1, n, rng.randint(1, n), min(n, 2)])
+        kind = rng.randrange(3)
+        rows = [[rng.randint(0, 2) for _ in range(n)] if kind == 0 else
+                L.calculate_workload([rng.randint(0, 4096) for _ in range(n)]) if kind == 1 else
+                [rng.choice([100, 200, 300]) for _ in range(n)] for _ in range(rng.randint(1, 24))]
+        got = kk.kk_free_batch(np.array(rows, dtype=np.int64), k)
+        for values, parts in zip(rows, got):
+            want = [sorted(p) for p in V.karmarkar_karp(values, k, False)]
+            assert parts == want, (values, k)
+            checked += 1
+    assert checked > 500
 
 EDGE_CASES = [
     ([5], 1, False), ([5], 1, True), ([0, 0, 0, 0], 4, True), ([0, 0, 0], 2, False), ([1, 1, 1, 1], 2, True),
@@ -212,6 +233,15 @@ def test_balance_batch_matches_verl(verl_balance_batch) -> None:
         rows, _ = _labkit_balance(seqlens, dp)
         assert sorted(rows) == list(range(n))  # a permutation, one equal chunk per rank
 
+
+
+def test_balance_batch_on_many_ranks_matches_verl(verl_balance_batch) -> None:
+    """dp >= 48 takes the numpy path (equal-size KK on int64 rows, vectorized in-rank order); same as verl."""
+    rng = random.Random(48)
+    for _ in range(12):
+        dp = rng.choice([48, 64, 96])
+        seqlens = [rng.choice([rng.randint(1, 4096), rng.randint(1, 3), 512]) for _ in range(dp * rng.randint(1, 6))]
+        assert outcome(_labkit_balance, seqlens, dp) == outcome(verl_balance_batch, seqlens, dp), dp
 
 def test_balance_batch_tensor_path_matches_verl() -> None:
     verl_tensor_path = _compile_balance_batch(tensor_workloads=True)

@@ -245,6 +245,32 @@ def ray_session():
         assert not import_ray().is_initialized()
 
 
+
+def _ray_session_commands() -> list[str]:
+    """Command lines of the processes of the connected Ray session (those that name its session folder)."""
+    from labkit.ray_launcher import _session_pids
+
+    session = import_ray()._private.worker.global_worker.node.get_session_dir_path()
+    out = []
+    for pid in _session_pids(session):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return out
+
+
+def test_labkit_started_ray_is_lean(ray_session):
+    """A Ray labkit starts runs no autoscaler monitor, no log monitor, no dashboard API server, no prestarted idle
+    workers (each ~1 CPU-s at start-up on a 2-core machine), and the driver's environment is as it was."""
+    from labkit.ray_launcher import LEAN_ENV
+
+    commands = _ray_session_commands()
+    assert any("raylet" in c for c in commands), commands  # the session is really found
+    assert not [c for c in commands if "monitor.py" in c or "dashboard.py" in c or c.startswith("ray::IDLE")], commands
+    assert not [k for k in LEAN_ENV if k in os.environ]
+
 @pytest.fixture(scope="module")
 def ray_wg4(ray_session):
     wg = WorkerGroup(DemoWorker, 4, launcher="ray", init_kwargs={"sp": 2, "tp": 2}, collective_timeout_s=COLL_S)

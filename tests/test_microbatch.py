@@ -248,6 +248,69 @@ def test_planner_is_fast_for_64_ranks() -> None:
     assert best < 0.100, f"{best * 1e3:.1f} ms"
 
 
+
+@pytest.mark.parametrize("profile", MB.PROFILES)
+def test_lockstep_kk_of_many_ranks_equals_one_rank_at_a_time(profile: str) -> None:
+    """With >= 16 ranks of <= 160 rows, plan_dp_micro_batches partitions all ranks in one numpy lockstep KK; the
+    plans must equal those of each rank planned alone (threads, the per-rank exact KK), errors included."""
+    rng = random.Random(f"lockstep-{profile}")
+    checked = set()
+    for trial in range(12):
+        n_ranks, rows = rng.choice([16, 24, 32]), rng.choice([8, 40, 64, 130])
+        per_rank = [[rng.choice([rng.randint(1, 3000), rng.randint(1, 4)]) for _ in range(rows)]
+                    for _ in range(n_ranks)]
+        budget = rng.choice([3000, 6000, 20000])
+        dp_group = trial % 3 != 0
+        barrier, slots = threading.Barrier(n_ranks, timeout=20), [None] * n_ranks
+        alone: list = [None] * n_ranks
+
+        def rank_main(r: int) -> None:
+            def dp_sync(op: str, values: list[int]) -> list[int]:
+                slots[r] = values
+                barrier.wait()
+                reduced = [(max if op == "max" else min)(col) for col in zip(*slots)]
+                barrier.wait()
+                return reduced
+
+            alone[r] = outcome(rearrange_micro_batches, per_rank[r], budget, profile=profile,
+                               dp_sync=dp_sync if dp_group else None)
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n_ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        together = outcome(plan_dp_micro_batches, per_rank, budget, profile=profile, dp_group=dp_group)
+        errors = [o for o in alone if isinstance(o, tuple) and o[0] != "BrokenBarrierError"]
+        assert together == (errors[0] if errors else alone), (profile, trial)
+        checked.add("error" if errors else "ok")
+    assert "ok" in checked
+
+
+def test_each_batch_planned_together_equals_one_after_another() -> None:
+    """plan_dp_micro_batches_each (an update's mini-batches in one lockstep, KK of all ranks together) gives what
+    planning the mini-batches one after another gives, and the first error is the first failing mini-batch's."""
+    rng = random.Random("each")
+    seen = set()
+    for trial in range(40):
+        profile = MB.PROFILES[trial % 2]
+        n_ranks, rows = rng.choice([1, 4, 16, 20]), rng.choice([2, 8, 33, 64])
+        groups = [[[rng.choice([rng.randint(1, 3000), rng.randint(1, 4)]) for _ in range(rows)]
+                   for _ in range(n_ranks)] for _ in range(rng.randint(1, 4))]
+        budget = rng.choice([2000, 3000, 6000, 20000])
+        kw = {"profile": profile, "dp_group": rng.random() < 0.8}
+        together = outcome(MB.plan_dp_micro_batches_each, groups, budget, **kw)
+        one_by_one = []
+        for per_rank in groups:
+            one = outcome(plan_dp_micro_batches, per_rank, budget, **kw)
+            one_by_one.append(one)
+            if isinstance(one, tuple):
+                break
+        want = one_by_one[-1] if isinstance(one_by_one[-1], tuple) else one_by_one
+        assert together == want, (profile, trial)
+        seen.add("error" if isinstance(want, tuple) else "ok")
+    assert seen == {"ok", "error"}
+
 # --- TensorDicts, restore and static micro-batching against verl ---
 
 

@@ -408,8 +408,9 @@ def test_speed_without_lengths():
 
 
 def test_speed_with_lengths_16k_on_64_ranks():
-    """The brief's target is < 100 ms; measured here ~300 ms CPU under load (KK in labkit.balance/microbatch is
-    ~80% of it: one equal-size KK over 16,384 rows, then one KK per DP rank per micro-batching call)."""
+    """The brief's target is < 100 ms, measured by benchmarks/bench_balance.py (plan_figures). KK is most of it: one
+    equal-size KK over 16,384 rows (numpy), one free KK per DP rank for the log-prob pass, and one lockstep numpy KK
+    for the 4 × 64 mini-batch cuts of the update. The bound here is twice the goal: CI machines are shared."""
     cfg = cfg_of(BIG + [f"{ARR}.actor.use_dynamic_bsz=true"], "engine")
     lengths = lengths_for_config(cfg, "gsm8k-like")
     tr = plan(cfg, lengths)
@@ -417,7 +418,7 @@ def test_speed_with_lengths_16k_on_64_ranks():
     assert tr.summary["log_prob_micro_batches_per_rank"] > 1 and tr.summary["mini_batches_per_epoch"] == 4
     cpu, wall = _median_ms(lambda: plan(cfg, lengths))
     print(f"\nplan(16,384 samples, 64 ranks, dynamic, gsm8k-like) median of 3: {cpu:.0f} ms CPU ({wall:.0f} ms wall)")
-    assert cpu < 600
+    assert cpu < 200
 
 
 # ----------------------------------------------------------------------------------------------------------------

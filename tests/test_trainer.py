@@ -140,6 +140,10 @@ def test_a_few_steps_stay_finite_and_report_the_reward_curve(trainer, first):
     assert trainer.synced[0]["digest"] != before  # the weights moved and reached the rollout
 
 
+def test_the_lr_argument_overrides_the_config(trainer):
+    assert trainer.cfg.get("actor_rollout_ref.actor.optim.lr") == 1e-6 and trainer.settings.lr == LR
+
+
 def test_nothing_left_behind(trainer, first):
     trainer.close()
     trainer.close()  # idempotent
