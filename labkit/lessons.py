@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from labkit import microbatch
 from labkit.balance import balance_batch, calculate_workload
+from labkit.microbatch_dp import free_partitions
 
 ARR = "actor_rollout_ref"
 
@@ -121,14 +122,14 @@ class RankOutcome:
 def rank_outcomes(per_rank: Sequence[Sequence[int]], budget: int, profile: str = "legacy") -> list[RankOutcome]:
     """Run every DP rank's dynamic micro-batching in lockstep through the DP all-reduces and record, per rank,
     whether it returns or raises (unlike ``plan_dp_micro_batches``, which stops at the first error)."""
-    steps = [microbatch._plan_steps(lens, budget, profile, None, True, None, None, True, 1) for lens in per_rank]
+    steps = [microbatch.rank_plan_steps(lens, budget, profile, None, True, None, None, True, 1) for lens in per_rank]
     out = [RankOutcome(r) for r in range(len(per_rank))]
     replies: dict[int, Any] = {r: None for r in range(len(per_rank))}
     while replies:
         requests = {}
         for r, reply in replies.items():
             try:
-                requests[r] = steps[r].send(reply)
+                requests[r] = _next_all_reduce(steps[r], reply)
             except StopIteration as done:
                 out[r].micro_batches = done.value.num_micro_batches
             except (AssertionError, ValueError) as err:
@@ -144,6 +145,14 @@ def rank_outcomes(per_rank: Sequence[Sequence[int]], budget: int, profile: str =
         for o in out:
             o.hangs = o.hangs or o.error is None
     return out
+
+
+def _next_all_reduce(steps: Any, reply: Any) -> tuple[str, list[int]]:
+    """Send a rank its reply and answer its local KK requests until it asks for a DP all-reduce."""
+    op, values = steps.send(reply)
+    while op == "kk":
+        op, values = steps.send(free_partitions(*values))
+    return op, values
 
 
 def is_small_large_small(values: Sequence[float]) -> bool:

@@ -56,7 +56,7 @@ def _check_profile(profile: str) -> None:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
 
 
-def _plan_steps(
+def rank_plan_steps(
     seqlens: Any,
     max_token_len: int,
     profile: str,
@@ -164,7 +164,7 @@ def rearrange_micro_batches(
     `max_seq_len`: the padded width on verl's padded path (E31 compares the budget to it); None = longest row.
     `dp_sync` None = no DP sync (verl: no dp_group); otherwise called for each all-reduce, in verl's order.
     """
-    steps = _plan_steps(seqlens, max_token_len, profile, max_seq_len, dp_sync is not None and same_micro_num_in_dp,
+    steps = rank_plan_steps(seqlens, max_token_len, profile, max_seq_len, dp_sync is not None and same_micro_num_in_dp,
                         num_batches_divided_by, min_num_micro_batch, use_dynamic_bsz_balance, force_group_size)
     reply = None
     try:
@@ -227,7 +227,7 @@ def plan_dp_micro_batches_each(groups: Sequence[Sequence[Any]], max_token_len: i
     for g, per_rank in enumerate(groups):
         widths = width if isinstance(width, (list, tuple)) else [width] * len(per_rank)
         for r, (lens, w) in enumerate(zip(per_rank, widths)):
-            gens[g, r] = _plan_steps(lens, max_token_len, profile, w, sync, *rest)
+            gens[g, r] = rank_plan_steps(lens, max_token_len, profile, w, sync, *rest)
     try:
         plans = lockstep(gens)
     except Exception:
