@@ -125,3 +125,7 @@ def plan_figures(reps: int) -> None:
             print(f"planner: plan() 16,384 seqs, 64 ranks, dynamic ({profile}), {label}: median "
                   f"{times[len(times) // 2] * 1e3:.1f} ms, best {times[0] * 1e3:.1f} ms CPU "
                   f"({len(times)} runs, budgets {budgets}; {len(tr.ranks)} rank records)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
