@@ -195,27 +195,34 @@ def test_empty_and_zero_length_batches_match_verl() -> None:
 # --- the dp_sync hook ---
 
 
+def ranks_on_threads(n_ranks: int, rank_main, timeout_s: float = 20.0) -> list:
+    """rank_main(r, dp_sync) on one thread per rank, their DP all-reduces done through a barrier; the results."""
+    barrier, slots, results = threading.Barrier(n_ranks, timeout=timeout_s), [None] * n_ranks, [None] * n_ranks
+
+    def run(r: int) -> None:
+        def dp_sync(op: str, values: list[int]) -> list[int]:
+            slots[r] = values
+            barrier.wait()
+            reduced = [(max if op == "max" else min)(col) for col in zip(*slots)]
+            barrier.wait()
+            return reduced
+
+        results[r] = rank_main(r, dp_sync)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n_ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def test_dp_sync_callable_on_threads_equals_lockstep_plan() -> None:
     rng = random.Random(5)
     per_rank = [[rng.randint(1, 4000) for _ in range(rng.randint(8, 40))] for _ in range(4)]
     for profile in MB.PROFILES:
-        barrier, slots, plans = threading.Barrier(4, timeout=10), [None] * 4, [None] * 4
-
-        def rank_main(r: int) -> None:
-            def dp_sync(op: str, values: list[int]) -> list[int]:
-                slots[r] = values
-                barrier.wait()
-                reduced = [(max if op == "max" else min)(col) for col in zip(*slots)]
-                barrier.wait()
-                return reduced
-
-            plans[r] = rearrange_micro_batches(per_rank[r], 6000, profile=profile, dp_sync=dp_sync)
-
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        plans = ranks_on_threads(4, lambda r, sync: rearrange_micro_batches(per_rank[r], 6000, profile=profile,
+                                                                           dp_sync=sync))
         assert plans == plan_dp_micro_batches(per_rank, 6000, profile=profile)
         assert plans[0].syncs == (["max"] if profile == "legacy" else ["max", "max"] + ["min"] * plans[0].attempts)
 
@@ -261,25 +268,8 @@ def test_lockstep_kk_of_many_ranks_equals_one_rank_at_a_time(profile: str) -> No
                     for _ in range(n_ranks)]
         budget = rng.choice([3000, 6000, 20000])
         dp_group = trial % 3 != 0
-        barrier, slots = threading.Barrier(n_ranks, timeout=20), [None] * n_ranks
-        alone: list = [None] * n_ranks
-
-        def rank_main(r: int) -> None:
-            def dp_sync(op: str, values: list[int]) -> list[int]:
-                slots[r] = values
-                barrier.wait()
-                reduced = [(max if op == "max" else min)(col) for col in zip(*slots)]
-                barrier.wait()
-                return reduced
-
-            alone[r] = outcome(rearrange_micro_batches, per_rank[r], budget, profile=profile,
-                               dp_sync=dp_sync if dp_group else None)
-
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n_ranks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        alone = ranks_on_threads(n_ranks, lambda r, sync: outcome(
+            rearrange_micro_batches, per_rank[r], budget, profile=profile, dp_sync=sync if dp_group else None))
         together = outcome(plan_dp_micro_batches, per_rank, budget, profile=profile, dp_group=dp_group)
         errors = [o for o in alone if isinstance(o, tuple) and o[0] != "BrokenBarrierError"]
         assert together == (errors[0] if errors else alone), (profile, trial)
