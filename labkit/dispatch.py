@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def is_data_proto(obj: Any) -> bool:
-    """is_data_proto(obj) without importing labkit.protocol (tensordict pulls torch._dynamo, ~1.5 CPU-s per
+    """isinstance(obj, DataProto) without importing labkit.protocol (tensordict pulls torch._dynamo, ~2 CPU-s per
     rank): an object can only be a DataProto once its module is loaded, e.g. by unpickling one."""
     mod = sys.modules.get("labkit.protocol")
     return mod is not None and isinstance(obj, mod.DataProto)
