@@ -107,12 +107,12 @@ class ActorWorker(Worker):
         sp = self.s.ulysses_sequence_parallel_size
         if "actor" not in self._lk_dispatch:
             self.mesh = dist.actor_mesh(sp)
-            self.dp_rank, self.sp_rank = self.mesh.get_local_rank("dp"), self.mesh.get_local_rank("sp")
+            self.dp_rank, self.sp_rank = dist.dp_rank(self.mesh), dist.sp_rank(self.mesh)
             self.dp_size = self.world_size // sp
             self.dp_group, self.sp_group = self.mesh.get_group("dp"), self.mesh.get_group("sp")
             self._register_dispatch_collect_info("actor", dp_rank=self.dp_rank, is_collect=self.sp_rank == 0,
                                                  sp_rank=self.sp_rank)
-            self.fsdp_mesh = init_device_mesh(dist._device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+            self.fsdp_mesh = init_device_mesh(dist.device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
             state = dist.state()  # NCCL: one GPU per rank; gloo (CPU, or ranks sharing a GPU): the CPU
             self.device = torch.device(state.device if state is not None and state.backend == "nccl" else "cpu")
         self.model, self.ref = self._sharded(), self._sharded()

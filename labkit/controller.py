@@ -14,9 +14,10 @@ from typing import Any, Iterator
 from labkit import dist
 from labkit.dispatch import (Dispatch, Execute, MethodSpec, collected_ranks, first_batch_arg, registered_methods,
                              resolve, rows_tokens, split_for_ranks, unpad_output)
-from labkit.launcher import CALL_QUERY, LocalLauncher, pid_alive, wait_gone
+from labkit.launcher import LocalLauncher, pid_alive, wait_gone
 from labkit.rank_errors import (CallTimeoutError, CollectiveTimeoutError, RankDiedError, RankError, WorkerGroupError,
                                 root_cause)
+from labkit.rank_host import CALL_QUERY
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 GRACE_S = 2.0  # the driver's watchdog fires this long after a collective's own timeout

@@ -144,9 +144,6 @@ def device_type() -> str:
     return "cuda" if _STATE is not None and _STATE.backend == "nccl" else "cpu"
 
 
-_device_type = device_type  # older spelling, used by labkit.actor
-
-
 def actor_mesh(sp: int = 1):
     """Ulysses mesh (dp=W//sp, sp) named ("dp", "sp"): rank r has dp_rank r // sp, sp_rank r % sp."""
     from torch.distributed.device_mesh import init_device_mesh

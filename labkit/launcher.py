@@ -15,10 +15,9 @@ import time
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from labkit.rank_host import CALL_QUERY, RankHost, error_envelope  # noqa: F401  (re-exported)
+from labkit.rank_host import RankHost
 
-__all__ = ["LocalLauncher", "RankHost", "CALL_QUERY", "error_envelope", "pid_alive", "wait_gone", "stop_forkserver",
-           "local_rank_main", "FORKSERVER_PRELOAD"]
+__all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -113,11 +112,10 @@ class LocalLauncher:
         if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
             host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
         try:
-            self._spawn(ctx, host_kwargs)
+            self._spawn(ctx, host_kwargs)  # fills self.pids as ranks start, so a failed start can close them
         except BaseException:
             self.close(graceful_s=0.0)
             raise
-        self.pids = [p.pid for p in self.procs]
 
     def _spawn(self, ctx: Any, host_kwargs: list[dict]) -> None:
         for rank in range(self.world_size):

@@ -1,6 +1,6 @@
 """Errors a worker group raises on the driver: each names the failing rank and carries its remote traceback text.
 
-A rank never raises across the process boundary: it returns an error envelope (labkit.launcher.error_envelope) and
+A rank never raises across the process boundary: it returns an error envelope (labkit.rank_host.error_envelope) and
 the driver turns the most telling one into an exception here."""
 
 from __future__ import annotations

@@ -157,8 +157,7 @@ class RolloutWorker(Worker):
 
         torch.set_num_threads(1)
         mesh = dist.rollout_mesh(self.tp, self.rdp, self.pp)
-        self.dp_rank = mesh.get_local_rank("dp")
-        self.tp_rank = mesh.get_local_rank("infer_tp")
+        self.dp_rank, self.tp_rank = dist.dp_rank(mesh), dist.tp_rank(mesh)
         pp_rank = mesh.get_local_rank("infer_pp")
         self.tp_group = mesh.get_group("infer_tp")
         self._register_dispatch_collect_info("rollout", dp_rank=self.dp_rank,
