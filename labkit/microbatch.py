@@ -218,7 +218,8 @@ def plan_dp_micro_batches_each(groups: Sequence[Sequence[Any]], max_token_len: i
                                ) -> list[list[MicroBatchPlan]]:
     """`plan_dp_micro_batches` for several batches that the same DP ranks cut one after another (the mini-batches of
     an update): each batch's all-reduces stay within it, and the KK partitions of all of them are computed together.
-    The first error is the one verl meets first: the lowest dp_rank of the first failing batch."""
+    The first error is the one verl meets first: the lowest dp_rank of the first failing batch (its index in
+    ``groups`` is the exception's ``batch_index``)."""
     profile, width = kwargs.get("profile", "engine"), kwargs.get("max_seq_len")
     sync = kwargs.get("dp_group", True) and kwargs.get("same_micro_num_in_dp", True)
     rest = (kwargs.get("num_batches_divided_by"), kwargs.get("min_num_micro_batch"),
@@ -233,8 +234,12 @@ def plan_dp_micro_batches_each(groups: Sequence[Sequence[Any]], max_token_len: i
     except Exception:
         if len(groups) == 1:
             raise
-        for per_rank in groups:  # one batch at a time, as verl runs them, to raise the error verl meets first
-            plan_dp_micro_batches_each([per_rank], max_token_len, **kwargs)
+        for g, per_rank in enumerate(groups):  # one batch at a time, as verl runs them: the error verl meets first
+            try:
+                plan_dp_micro_batches_each([per_rank], max_token_len, **kwargs)
+            except Exception as first:
+                first.batch_index = g  # type: ignore[attr-defined]  # which batch failed, for the caller's message
+                raise
         raise
     return [[plans[g, r] for r in range(len(per_rank))] for g, per_rank in enumerate(groups)]
 

@@ -62,13 +62,8 @@ def dynamic_partitions_each(
         width = ctx.width if ctx.profile == "legacy" else None
         try:
             plans = microbatch.plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
-        except (AssertionError, ValueError) as exc:
-            for batch in lens:  # the failing batch (the first, as in verl) names the longest row in E31
-                try:
-                    microbatch.plan_dp_micro_batches(batch, budget, profile=ctx.profile, max_seq_len=width)
-                except (AssertionError, ValueError) as first:
-                    raise _failure(first, batch, ctx.profile) from None
-            raise _failure(exc, lens[0], ctx.profile) from None
+        except (AssertionError, ValueError) as exc:  # the failing batch (the first, as in verl) names E31's row
+            raise _failure(exc, lens[getattr(exc, "batch_index", 0)], ctx.profile) from None
         for j, batch_plans in zip(todo, plans):
             # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
             coll = {"all_reduce(max):num_micro_batches": 1}

@@ -298,8 +298,19 @@ def test_each_batch_planned_together_equals_one_after_another() -> None:
                 break
         want = one_by_one[-1] if isinstance(one_by_one[-1], tuple) else one_by_one
         assert together == want, (profile, trial)
+        if isinstance(want, tuple):  # the exception says which mini-batch failed (0 when there is one)
+            with pytest.raises((AssertionError, ValueError)) as info:
+                MB.plan_dp_micro_batches_each(groups, budget, **kw)
+            assert getattr(info.value, "batch_index", 0) == len(one_by_one) - 1, (profile, trial)
         seen.add("error" if isinstance(want, tuple) else "ok")
     assert seen == {"ok", "error"}
+    for profile in MB.PROFILES:  # only the third mini-batch holds a row longer than the budget
+        groups = [[[100, 200], [300, 50]], [[10, 20], [30, 40]], [[100, 2500], [30, 40]], [[9000], [9000]]]
+        with pytest.raises((AssertionError, ValueError)) as info:
+            MB.plan_dp_micro_batches_each(groups, 2000, profile=profile)
+        assert info.value.batch_index == 2, profile
+        assert outcome(MB.plan_dp_micro_batches_each, groups, 2000, profile=profile) == outcome(
+            plan_dp_micro_batches, groups[2], 2000, profile=profile)
 
 # --- TensorDicts, restore and static micro-batching against verl ---
 

@@ -298,6 +298,12 @@ def test_e31_budget_below_longest_row():
     eng = plan(cfg_of(one_rank(8, 8192), "engine"), "seed-8")
     err = eng.summary["stage_errors"]["old_log_prob"]
     assert err["code"] == "E31" and err["message"].endswith("Got max_token_len=8192 and max_seq_len=tensor(9000)")
+    # two mini-batches of 4 in update_actor: the second holds the 9000-token row, the first at most 6500
+    two = one_rank(4, 16384, ["data.train_batch_size=2", "trainer.balance_batch=false",
+                              f"{ARR}.actor.ppo_max_token_len_per_gpu=8192"])
+    err = plan(cfg_of(two, "engine"), "seed-8").summary["stage_errors"]
+    assert "old_log_prob" not in err and err["update_actor"]["code"] == "E31"
+    assert err["update_actor"]["message"].endswith("Got max_token_len=8192 and max_seq_len=tensor(9000)")
     leg = plan(cfg_of(one_rank(8, 8192), "legacy"), "seed-8")  # legacy compares with the padded width
     assert leg.summary["stage_errors"]["old_log_prob"]["message"].endswith("max_token_len=8192 and max_seq_len=9216")
 
