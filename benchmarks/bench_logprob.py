@@ -1,11 +1,13 @@
 """Log-prob forward: padded static vs packed static vs packed dynamic, naive vs chunked log-prob.
 
-Run: .venv/bin/python benchmarks/bench_logprob.py [--cpu-rows N] [--cpu-reps N] [--skip-cpu] [--skip-gpu]
-CPU part: the shipped tiny Qwen2 (fp32, sdpa, one thread) through labkit.logprob.forward_micro_batch, as verl's
-compute_log_prob runs it (verl-reference §7.2): padded path = full rollout width per row (B19), packed path =
-real tokens only. GPU part (only with CUDA): a Qwen2-0.5B-shaped model (random init, bf16), sdpa on the padded path,
-flex_attention on packed rows padded up to a multiple of --pad-multiple (flex recompiles per new length), one warm
-pass then one timed pass per variant, peak memory per variant; stops early past --gpu-budget-s.
+Run: .venv/bin/python benchmarks/bench_logprob.py [--cpu-rows N] [--cpu-reps N] [--head-tokens N] [--skip-cpu]
+[--skip-gpu]. CPU part: the shipped tiny Qwen2 (fp32, sdpa, one thread) through labkit.logprob.forward_micro_batch,
+as verl's compute_log_prob runs it (verl-reference §7.2): padded path = full rollout width per row (B19), packed
+path = real tokens only; then the log-prob head alone at Qwen2-0.5B's vocabulary, naive vs chunked, time and peak
+memory (VmHWM) against the predicted bytes. GPU part (only with CUDA): the same head in bf16 at the token budget,
+then a Qwen2-0.5B-shaped model (random init, bf16), sdpa on the padded path, flex_attention on packed rows padded
+up to a multiple of --pad-multiple (flex recompiles per new length), one warm pass then one timed pass per variant,
+peak memory per variant; stops early past --gpu-budget-s.
 Imports only labkit modules free of ray/tensordict, so it runs on the GPU image (torch + transformers only).
 """
 
@@ -118,9 +120,83 @@ def cpu_part(rows: int, reps: int, seed: int) -> dict[str, float]:
     ratio_line("C packed dynamic / A padded", best["C packed dynamic, naive"], best["A padded static, naive"], 1.5)
     ratio_line("C packed dynamic / B packed static", best["C packed dynamic, naive"], best["B packed static, naive"])
     ratio_line("D chunked / C naive", best["D packed dynamic, chunked"], best["C packed dynamic, naive"])
-    print("  peak memory: not measured on CPU; logits bytes = fed tokens x V x 4 (fp32): "
-          f"padded {rows_per_micro * width * model.config.vocab_size * 4 / 2**20:.2f} MiB per micro-batch", flush=True)
+    padded_mib = rows_per_micro * width * model.config.vocab_size * 4 / 2**20
+    print(f"  logits: fed tokens x V x 4 B = {padded_mib:.2f} MiB per padded micro-batch, too small to measure "
+          "here; the head section measures them at a real vocabulary",
+          flush=True)
     return {**best, "max_diff": diff}
+
+
+# ---- the log-prob head alone at Qwen2-0.5B's vocabulary: naive vs chunked, time and peak memory --------------------
+def _rss_peak_reset() -> Callable[[], int] | None:
+    """Reset this process's peak RSS (VmHWM, via /proc/self/clear_refs) and return a reader of the bytes above the RSS
+    at the reset; None where Linux does not allow it."""
+    def field(name: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = field("VmRSS:")
+    except OSError:
+        return None
+    return lambda: field("VmHWM:") - base
+
+
+def head_bytes(tokens: int, vocab: int, dtype_bytes: int, chunk: int | None) -> int:
+    """Predicted peak above the inputs: logits in the model dtype, their fp32 copy (none when the dtype is fp32) and
+    the fp32 log-softmax, for all ``tokens`` (naive) or one chunk of ``chunk`` tokens (chunked)."""
+    rows = tokens if chunk is None else min(tokens, chunk)
+    return rows * vocab * (dtype_bytes + (4 if dtype_bytes < 4 else 0) + 4)
+
+
+def head_part(tokens: int, chunk: int, reps: int, device: str, seed: int) -> dict[str, tuple[float, float | None]]:
+    """Hidden states (tokens, 896) and a (151,936, 896) LM head, bf16 on CUDA and fp32 on CPU: naive = full logits,
+    fp32 upcast, log_softmax, gather; chunked = logprobs_from_logits_chunked with the LM-head weight. Best-of-reps
+    seconds and peak bytes above the inputs (CUDA allocator; CPU: VmHWM), against head_bytes."""
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    H, V = QWEN2_05B["hidden_size"], QWEN2_05B["vocab_size"]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden = (torch.randn(tokens, H, generator=gen, device=device) * 0.05).to(dtype)
+    weight = (torch.randn(V, H, generator=gen, device=device) * 0.05).to(dtype)
+    labels = torch.randint(0, V, (tokens,), generator=gen, device=device)
+    variants = {"naive": lambda: logprobs_from_logits((hidden @ weight.T).float(), labels),
+                "chunked": lambda: logprobs_from_logits_chunked(hidden, labels, chunk, lm_head_weight=weight)}
+    print(f"log-prob head ({device}, {str(dtype).removeprefix('torch.')}): {tokens:,} tokens x H {H} x V {V:,}, "
+          f"chunk {chunk}", flush=True)
+    res: dict[str, tuple[float, float | None]] = {}
+    outs = {}
+    with torch.no_grad():
+        for name, fn in variants.items():
+            best, peak = float("inf"), None
+            for _rep in range(reps):
+                outs.pop(name, None)
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    read = lambda: torch.cuda.max_memory_allocated() - base  # noqa: E731
+                else:
+                    read = _rss_peak_reset()
+                t0 = time.perf_counter()
+                outs[name] = fn()
+                if cuda:
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+                peak = None if read is None else read() - outs[name].numel() * 4  # the fp32 result stays
+            res[name] = (best, peak)
+            pred = head_bytes(tokens, V, dtype.itemsize, None if name == "naive" else chunk)
+            seen = "not measurable here" if peak is None else f"{peak / 2**20:9.1f} MiB ({peak / pred:.3f} x predicted)"
+            print(f"  {name:8s} {best:7.3f} s  {tokens / best:12,.0f} tok/s  peak {seen}; predicted "
+                  f"{pred / 2**20:9.1f} MiB", flush=True)
+    print(f"  max |chunked - naive| log p: {float((outs['chunked'] - outs['naive']).abs().max()):.2e}", flush=True)
+    ratio_line(f"chunked / naive head speed ({device})", res["chunked"][0], res["naive"][0], 1.5 if cuda else None)
+    if res["naive"][1] and res["chunked"][1] is not None:
+        mem = res["chunked"][1] / res["naive"][1]
+        verdict = ("  GOAL MET" if mem <= 0.5 else "  GOAL MISSED (> 0.5)") if cuda else ""
+        print(f"  peak memory chunked / naive head ({device}): {mem:.3f}{verdict}", flush=True)
+    return res
 
 
 # ---- GPU: Qwen2-0.5B shape, bf16, flex_attention on packed rows ----------------------------------------------------
@@ -156,6 +232,8 @@ def gpu_part(seqs: int, budget: int, pad_multiple: int, chunk_size: int, budget_
 
     start = time.perf_counter()
     cuda = torch.cuda.is_available()
+    if cuda:  # seconds, before the model: figures even if a flex_attention pass outlasts the budget
+        head_part(budget, chunk_size, 3, "cuda", seed)
     device, cfg = ("cuda", QWEN2_05B) if cuda else ("cpu", TINY_DRY)
     packed_attn = "flex_attention" if cuda else "sdpa"
     prompt_w, response_w, rows_per_micro = (512, 3584, 8) if cuda else (64, 64, 4)
@@ -257,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--gpu-budget-s", type=float, default=200.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--head-tokens", type=int, default=1024, help="CPU log-prob head: tokens (GPU: --gpu-token-budget)")
+    ap.add_argument("--head-chunk", type=int, default=256, help="CPU log-prob head: chunk (GPU: --chunk-size)")
     ap.add_argument("--gpu-dry-run-cpu", action="store_true", help="without CUDA: run the GPU code path on CPU, tiny config")
     args = ap.parse_args(argv)
     if not args.skip_cpu:
         cpu_part(args.cpu_rows, args.cpu_reps, args.seed)
+        head_part(args.head_tokens, args.head_chunk, args.cpu_reps, "cpu", args.seed)
     if args.skip_gpu:
         print("GPU part skipped: --skip-gpu", flush=True)
     else:

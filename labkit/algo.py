@@ -236,7 +236,9 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 def _chunk_logits(x: torch.Tensor, weight: torch.Tensor | None, temperature: float) -> torch.Tensor:
     """fp32 logits of one chunk of rows: x are logits, or hidden states when the LM-head ``weight`` is given."""
     z = x if weight is None else x @ weight.T
-    return (z / temperature).float()  # verl divides by the temperature in the model dtype, then upcasts
+    if temperature != 1.0:  # verl divides by the temperature in the model dtype, then upcasts; T = 1 skips a copy
+        z = z / temperature
+    return z.float()
 
 
 def _chunk_logprob(x: torch.Tensor, weight: torch.Tensor | None, labels: torch.Tensor, temp: float) -> torch.Tensor:
