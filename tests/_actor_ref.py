@@ -13,8 +13,7 @@ from labkit.algo import micro_batch_loss_scale, policy_loss_vanilla
 from labkit.logprob import forward_micro_batch
 from labkit.protocol import DataProto
 
-CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+from _ulysses_ranks import CFG  # the same 2-layer Qwen2 as the Ulysses tests
 P, R, N, TEMPERATURE = 10, 8, 8, 0.7
 # (prompt, response) lengths: 8 rows, response lengths differ (token-mean vs seq-mean), the longest row (18 tokens)
 # only in the first half (dp_rank 0 when D = 2), one 1-token response
