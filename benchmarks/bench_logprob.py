@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from labkit.algo import logprobs_from_logits, logprobs_from_logits_chunked  # noqa: E402
 from labkit.lengths import draw  # noqa: E402
 from labkit.logprob import forward_micro_batch  # noqa: E402
+from labkit.logprob_memory import measure_logprob_head  # noqa: E402
 from labkit.microbatch import rearrange_micro_batches, static_micro_batches  # noqa: E402
 from labkit.packing import pack_micro_batch  # noqa: E402
 from labkit.ulysses import ulysses_pad  # noqa: E402
@@ -128,75 +129,27 @@ def cpu_part(rows: int, reps: int, seed: int) -> dict[str, float]:
 
 
 # ---- the log-prob head alone at Qwen2-0.5B's vocabulary: naive vs chunked, time and peak memory --------------------
-def _rss_peak_reset() -> Callable[[], int] | None:
-    """Reset this process's peak RSS (VmHWM, via /proc/self/clear_refs) and return a reader of the bytes above the RSS
-    at the reset; None where Linux does not allow it."""
-    def field(name: str) -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name))
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = field("VmRSS:")
-    except OSError:
-        return None
-    return lambda: field("VmHWM:") - base
-
-
-def head_bytes(tokens: int, vocab: int, dtype_bytes: int, chunk: int | None) -> int:
-    """Predicted peak above the inputs: logits in the model dtype, their fp32 copy (none when the dtype is fp32) and
-    the fp32 log-softmax, for all ``tokens`` (naive) or one chunk of ``chunk`` tokens (chunked)."""
-    rows = tokens if chunk is None else min(tokens, chunk)
-    return rows * vocab * (dtype_bytes + (4 if dtype_bytes < 4 else 0) + 4)
-
-
-def head_part(tokens: int, chunk: int, reps: int, device: str, seed: int) -> dict[str, tuple[float, float | None]]:
-    """Hidden states (tokens, 896) and a (151,936, 896) LM head, bf16 on CUDA and fp32 on CPU: naive = full logits,
-    fp32 upcast, log_softmax, gather; chunked = logprobs_from_logits_chunked with the LM-head weight. Best-of-reps
-    seconds and peak bytes above the inputs (CUDA allocator; CPU: VmHWM), against head_bytes."""
+def head_part(tokens: int, chunk: int, reps: int, device: str, seed: int) -> None:
+    """labkit.logprob_memory.measure_logprob_head at Qwen2-0.5B's hidden size and vocabulary, bf16 on CUDA and fp32
+    on CPU: seconds and peak memory of naive vs chunked, against logprob_peak_bytes."""
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     H, V = QWEN2_05B["hidden_size"], QWEN2_05B["vocab_size"]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    hidden = (torch.randn(tokens, H, generator=gen, device=device) * 0.05).to(dtype)
-    weight = (torch.randn(V, H, generator=gen, device=device) * 0.05).to(dtype)
-    labels = torch.randint(0, V, (tokens,), generator=gen, device=device)
-    variants = {"naive": lambda: logprobs_from_logits((hidden @ weight.T).float(), labels),
-                "chunked": lambda: logprobs_from_logits_chunked(hidden, labels, chunk, lm_head_weight=weight)}
     print(f"log-prob head ({device}, {str(dtype).removeprefix('torch.')}): {tokens:,} tokens x H {H} x V {V:,}, "
           f"chunk {chunk}", flush=True)
-    res: dict[str, tuple[float, float | None]] = {}
-    outs = {}
-    with torch.no_grad():
-        for name, fn in variants.items():
-            best, peak = float("inf"), None
-            for _rep in range(reps):
-                outs.pop(name, None)
-                if cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    read = lambda: torch.cuda.max_memory_allocated() - base  # noqa: E731
-                else:
-                    read = _rss_peak_reset()
-                t0 = time.perf_counter()
-                outs[name] = fn()
-                if cuda:
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-                peak = None if read is None else read() - outs[name].numel() * 4  # the fp32 result stays
-            res[name] = (best, peak)
-            pred = head_bytes(tokens, V, dtype.itemsize, None if name == "naive" else chunk)
-            seen = "not measurable here" if peak is None else f"{peak / 2**20:9.1f} MiB ({peak / pred:.3f} x predicted)"
-            print(f"  {name:8s} {best:7.3f} s  {tokens / best:12,.0f} tok/s  peak {seen}; predicted "
-                  f"{pred / 2**20:9.1f} MiB", flush=True)
-    print(f"  max |chunked - naive| log p: {float((outs['chunked'] - outs['naive']).abs().max()):.2e}", flush=True)
-    ratio_line(f"chunked / naive head speed ({device})", res["chunked"][0], res["naive"][0], 1.5 if cuda else None)
-    if res["naive"][1] and res["chunked"][1] is not None:
-        mem = res["chunked"][1] / res["naive"][1]
+    runs = measure_logprob_head(tokens, H, V, chunk, device=device, dtype=dtype, reps=reps, seed=seed)
+    for name, run in runs.items():
+        seen = ("not measurable here" if run.peak_bytes is None else
+                f"{run.peak_bytes / 2**20:9.1f} MiB ({run.peak_bytes / run.predicted_bytes:.3f} x predicted)")
+        print(f"  {name:8s} {run.seconds:7.3f} s  {tokens / run.seconds:12,.0f} tok/s  peak {seen}; predicted "
+              f"{run.predicted_bytes / 2**20:9.1f} MiB", flush=True)
+    naive, chunked = runs["naive"], runs["chunked"]
+    print(f"  max |chunked - naive| log p: {float((chunked.log_probs - naive.log_probs).abs().max()):.2e}", flush=True)
+    ratio_line(f"chunked / naive head speed ({device})", chunked.seconds, naive.seconds, 1.5 if cuda else None)
+    if naive.peak_bytes and chunked.peak_bytes is not None:
+        mem = chunked.peak_bytes / naive.peak_bytes
         verdict = ("  GOAL MET" if mem <= 0.5 else "  GOAL MISSED (> 0.5)") if cuda else ""
         print(f"  peak memory chunked / naive head ({device}): {mem:.3f}{verdict}", flush=True)
-    return res
 
 
 # ---- GPU: Qwen2-0.5B shape, bf16, flex_attention on packed rows ----------------------------------------------------
@@ -331,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-gpu", action="store_true")
     ap.add_argument("--gpu-seqs", type=int, default=256)
     ap.add_argument("--gpu-token-budget", type=int, default=16384)
-    ap.add_argument("--pad-multiple", type=int, default=512)
+    ap.add_argument("--pad-multiple", type=int, default=2048, help="pad packed rows up to this (bounds flex recompiles)")
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--gpu-budget-s", type=float, default=200.0)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,47 @@
+"""labkit.logprob_memory: the predicted bytes against the H200 anchor and a CPU measurement, and the meter itself."""
+
+import sys
+
+import pytest
+import torch
+
+from labkit.logprob_memory import PeakMeter, logprob_peak_bytes, measure_logprob_head
+
+QWEN2_05B_PARAMS, QWEN2_05B_VOCAB = 494_032_768, 151_936
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the CPU meter reads /proc (Linux only)")
+
+
+def test_predicted_bytes_match_the_h200_anchor():
+    """environment-facts: padded static micro-batch, 8 rows x 4,096 tokens, bf16 Qwen2-0.5B, naive fp32 log-softmax:
+    47.3 GiB peak measured, weights included."""
+    peak = QWEN2_05B_PARAMS * 2 + logprob_peak_bytes(8 * 4096, QWEN2_05B_VOCAB, 2)
+    assert round(peak / 2**30, 1) == 47.3
+    assert logprob_peak_bytes(100, 10, 4) == 100 * 10 * 8  # fp32 logits: no upcast copy
+    assert logprob_peak_bytes(100, 10, 2, chunk=30) == 30 * 10 * 10
+    assert logprob_peak_bytes(10, 10, 2, chunk=30) == 10 * 10 * 10  # a chunk larger than the tokens
+    for bad in [dict(tokens=-1), dict(chunk=0)]:
+        with pytest.raises(ValueError, match="must be >= 0 and chunk > 0"):
+            logprob_peak_bytes(**{"tokens": 8, "vocab": 4, "dtype_bytes": 2, **bad})
+
+
+@linux_only
+def test_peak_meter_sees_a_freed_allocation():
+    mib = 2**20
+    with PeakMeter("cpu") as meter:
+        x = torch.ones(96 * mib // 4)  # 96 MiB, written, so resident
+        del x
+    assert meter.bytes is not None and 0.95 * 96 * mib < meter.bytes < 1.1 * 96 * mib, meter.bytes
+    with PeakMeter("cpu") as idle:
+        pass
+    assert idle.bytes is not None and idle.bytes < 4 * mib
+
+
+@linux_only
+def test_head_measured_equals_predicted_and_chunked_is_a_quarter():
+    """fp32 on CPU: naive holds logits + log-softmax for all tokens (8 B per logit), chunked for one chunk. A chunk
+    is 64 x V x 4 B = 37 MiB, above glibc's largest mmap threshold (32 MiB), so RSS sees each allocation."""
+    runs = measure_logprob_head(256, 64, QWEN2_05B_VOCAB, 64)
+    for run in runs.values():
+        assert 0.9 < run.peak_bytes / run.predicted_bytes < 1.1, (run.peak_bytes, run.predicted_bytes)
+    assert runs["chunked"].peak_bytes < runs["naive"].peak_bytes / 3
+    assert torch.equal(runs["chunked"].log_probs, runs["naive"].log_probs)  # fp32 rows are independent: bit-equal
