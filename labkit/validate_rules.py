@@ -96,7 +96,7 @@ class Snap:
                     v = cfg.get(p) if isinstance(v, str) and v.startswith("${") else v
                     break
             else:
-                v = KEYS[_CHAINS[path][-1]].default
+                v = KEYS[_CHAINS[path][-1]].default_for(cfg.profile)
             setattr(self, name, v)
         self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
         self.W = self.gpn * self.nnodes

@@ -6,7 +6,7 @@ DP dispatch of every worker call, static/dynamic micro-batching (legacy ``dp_act
 mini-batches and their loss weights, §7.3 of verl-reference.md). Both profiles follow the ``RayPPOTrainer``
 (v0) loop of verl-reference.md; verl 0.9.1's default ``trainer.use_v1=true`` trainer instead pads the batch to
 a multiple of lcm(D, M x n, critic M x n) in its ``_balance_batch`` (``trainer/ppo/v1/trainer_base.py``), so
-E38/E27/E28/E29 need not arise there.
+E38/E27/E29 need not arise there; E28 still does (it tests M x n against D, which padding cannot change).
 """
 
 from __future__ import annotations

@@ -239,6 +239,22 @@ def test_notices_are_not_errors():
     assert r.ok and [f.message[:7] for f in r.notices][:2] == ["NOTICE:", "WARNING"]
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_snapshot_reads_the_profiles_defaults(profile):
+    """Every value the rules read equals cfg.get (profile defaults included: critic rmpad is false in 0.7.1)."""
+    from labkit.validate_rules import _SNAP_KEYS, Snap
+    for cfg in (load_config(profile=profile), cfg_of(profile=profile)):
+        s = Snap(cfg)
+        assert {n: getattr(s, n) for n in _SNAP_KEYS} == {n: cfg.get(p) for n, p in _SNAP_KEYS.items()}
+    legacy_sp2 = cfg_of("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2",
+                        "critic.ppo_micro_batch_size_per_gpu=4", profile=profile)
+    f = check(legacy_sp2, fixes=False).first_error
+    if profile == "legacy":  # verl 0.7.1 FSDPCriticConfig.__post_init__, critic.model.use_remove_padding: false
+        assert (f.code, f.exc_type, f.when) == ("E18", "ValueError", "start-up")
+    else:  # 0.9.1 dropped E18 and its YAML default is true
+        assert f is None or f.code != "E18"
+
+
 # -- raise_for ----------------------------------------------------------------------------------------------------
 def test_raise_for_raises_verls_exception_type_and_text():
     assert raise_for(cfg_of()) is None

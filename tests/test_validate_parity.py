@@ -240,7 +240,7 @@ def random_config(rng: random.Random, profile: str) -> VerlConfig:
         v["critic.use_dynamic_bsz"] = pick([True, False])
     if rng.random() < 0.3:
         v["critic.ulysses_sequence_parallel_size"] = pick([1, 2, 4])
-    # always explicit: labkit's default for this key is 0.9.1's (true); 0.7.1's YAML says false (see report)
+    # mostly explicit (0.9.1's YAML default is true, 0.7.1's false); the TARGETED list covers the default
     v["critic.model.use_remove_padding"] = rng.random() < 0.6
     if rng.random() < 0.2:
         v[f"{ACT}.loss_agg_mode"] = pick(["token-sum", "seq-mean-token-mean", "sample-mean", "seq-mean-token-sum-norm"])
@@ -268,6 +268,8 @@ TARGETED = [  # one config per rarer message, so every check is exercised whatev
     ["critic.ppo_micro_batch_size=7", "critic.ppo_micro_batch_size_per_gpu=null"],           # E15
     ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ulysses_sequence_parallel_size=2",
      "critic.model.use_remove_padding=false"],                                                # E18 (legacy only)
+    ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ulysses_sequence_parallel_size=2",
+     "~critic.model.use_remove_padding"],                                                     # E18 via 0.7.1's default
     [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=4"],              # E11
     [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=7"],              # E10
     ["critic.ppo_micro_batch_size_per_gpu=4", f"{ACT}.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
@@ -349,16 +351,33 @@ def parity():
     cfgs = {p: _configs(p) for p in profiles}
     jobs = {p: [{"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic} for c in cs]
             for p, cs in cfgs.items()}
+    fixed = {p: _fixed_configs(cfgs[p]) for p in profiles}
     for p in profiles:
         jobs[p] += [{"prim": list(case[4])} for case in STEP_CASES if case[0] == p]
         jobs[p] += [{"prim": list(prim)} for prim in PASS_PRIMS[p]]
+        jobs[p] += [{"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic}
+                    for c, _, _ in fixed[p]]
     t0 = time.time()
     answers = _run_oracles(jobs)
     for p in profiles:
-        n_cfg = len(cfgs[p])
-        answers[p]["steps"] = answers[p]["results"][n_cfg:]
-        answers[p]["results"] = answers[p]["results"][:n_cfg]
+        n_cfg, n_fix = len(cfgs[p]), len(fixed[p])
+        results = answers[p]["results"]
+        answers[p]["fixed"] = list(zip(fixed[p], results[len(results) - n_fix:]))
+        answers[p]["steps"] = results[n_cfg:len(results) - n_fix]
+        answers[p]["results"] = results[:n_cfg]
     return cfgs, answers, time.time() - t0
+
+
+N_FIX_CONFIGS = 40
+
+
+def _fixed_configs(cfgs: list[VerlConfig]) -> list[tuple[VerlConfig, str, str]]:
+    """(fixed config, fix, finding code) for every fix labkit suggests on the first failing configs."""
+    out = []
+    for cfg in [c for c in cfgs if check(c, fixes=False).errors][:N_FIX_CONFIGS]:
+        for f in check(cfg).findings:
+            out += [(cfg.copy().override(fix.split()), fix, f.code) for fix in f.fixes]
+    return out
 
 
 def _labkit_startup(cfg: VerlConfig) -> tuple[list | None, list[str]]:
@@ -417,6 +436,17 @@ def test_first_step1_error_matches_verl_primitive(parity, profile):
         first = check(load_config(overrides=SEED_EXAMPLE + overrides, profile=prof), fixes=False, **kwargs).first_error
         assert first is not None and (first.code, first.when) == (code, "step 1"), (overrides, first)
         assert [first.exc_type, first.message] == verl_answer["error"], (prim, first.message, verl_answer)
+
+
+@pytest.mark.parametrize("profile", ["engine", "legacy"])
+def test_suggested_fixes_pass_verls_own_validate_config(parity, profile):
+    """A fix labkit suggests (verified only against labkit's model) must also pass verl's validate_config."""
+    _, answers, _ = parity
+    if profile not in answers:
+        pytest.skip(f"{ORACLE_071} is absent")
+    fixed = answers[profile]["fixed"]
+    bad = [(fix, code, sorted(c.values.items()), res["error"]) for (c, fix, code), res in fixed if res["error"]]
+    assert len(fixed) >= 50 and not bad, (len(fixed), bad[:3])
 
 
 def test_parity_stays_fast(parity):
