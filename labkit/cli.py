@@ -161,6 +161,10 @@ def summary_table(tr: StepTrace) -> Table:
         rows.append(("[red]validate[/red]", f"{first.get('code')} {first.get('exc_type')}: {first.get('message')}"))
     elif s.get("validate_ok"):
         rows.append(("validate", "[green]verl accepts this config[/green]"))
+    for f in s.get("findings") or []:
+        if f.get("code") == "V1":  # the engine profile models the v0 loop; say what 0.9.1's default v1 loop does
+            rows.append(("[yellow]note: trainer.use_v1=true[/yellow]", "; ".join(f["arithmetic"][1:3]) +
+                         " (0.9.1's default loop; labkit models trainer.use_v1=false)"))
     for k, v in rows:
         t.add_row(k, "—" if v is None else (v if isinstance(v, str) and v.startswith("[green]") else escape(str(v))))
     return t
@@ -208,9 +212,13 @@ def cmd_check(ns: argparse.Namespace) -> int:
     report = check(cfg)
     con = _console()
     first = report.first_error
+    notes = [f for f in report.findings if f.severity != "error"]
     if first is not None:
         con.print(f"verl rejects this config ({cfg.profile} profile):")
         _print_finding(con, first)
+        for f in notes:
+            if f.code == "V1":
+                _print_note(con, f)
         return 1
     errors = plan(cfg).summary.get("stage_errors") or {}
     if errors:
@@ -219,11 +227,17 @@ def cmd_check(ns: argparse.Namespace) -> int:
             con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
         return 1
     con.print(f"[green]verl accepts this config[/green] ({cfg.profile} profile).")
-    for f in report.findings:
-        if getattr(f, "severity", "") != "error":
-            con.print(f"  note ({getattr(f, 'severity', '')}): {getattr(f, 'code', '')} {getattr(f, 'message', '')}",
-                      markup=False)
+    for f in notes:
+        _print_note(con, f)
     return 0
+
+
+def _print_note(con: Console, f: Any) -> None:
+    """A silent behaviour or notice: verl's printed text if any, else labkit's explanation and arithmetic."""
+    con.print(f"  note ({f.severity}): {f.code} {f.message or f.explanation}", markup=False)
+    if not f.message:
+        for line in f.arithmetic:
+            con.print(f"    {line}", markup=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -172,9 +172,11 @@ class VerlConfig:
             if key is None and path in _VERL_KEYS:
                 self.ignored[path] = value
                 return self
+            if key is not None:
+                raise ConfigError(f"{origin}: '{path}' is not a key of the {self.profile} profile (only of "
+                                  f"{', '.join(key.profiles)}).")
             hint = closest_key(path)
-            where = f" (not a key of the {self.profile} profile)" if key is not None else ""
-            raise ConfigError(f"{origin}: unknown key '{path}'{where}." + (f" Did you mean '{hint}'?" if hint else ""))
+            raise ConfigError(f"{origin}: unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
         self.values[path] = _coerce(key, value, origin)
         return self
 

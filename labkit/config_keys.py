@@ -53,6 +53,8 @@ _KEYS = [
     Key("trainer.total_epochs", INT, 30, minimum=1),
     Key("trainer.total_training_steps", INT, None, nullable=True, minimum=1),
     Key("trainer.use_legacy_worker_impl", STR, "auto", choices=("auto", "enable", "disable"), profiles=("legacy",)),
+    Key("trainer.use_v1", BOOL, True, profiles=("engine",),
+        doc="0.9.1's v1 trainer loop (trainer/ppo/v1), its default; labkit models the v0 loop (RayPPOTrainer)"),
     # actor
     Key(f"{ACTOR}.strategy", STR, "fsdp", choices=("fsdp", "fsdp2"), doc="labkit models the FSDP backend"),
     Key(f"{ACTOR}.ppo_mini_batch_size", INT, 256, minimum=1, doc="prompts per optimizer step, global (M)"),

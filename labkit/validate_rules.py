@@ -51,7 +51,7 @@ class Finding:
 _SNAP_KEYS = {
     "B": "data.train_batch_size", "gen_bs": "data.gen_batch_size", "val_bs": "data.val_batch_size",
     "gpn": "trainer.n_gpus_per_node", "nnodes": "trainer.nnodes", "balance": "trainer.balance_batch",
-    "warmup": "trainer.critic_warmup", "legacy_impl": "trainer.use_legacy_worker_impl",
+    "warmup": "trainer.critic_warmup", "legacy_impl": "trainer.use_legacy_worker_impl", "use_v1": "trainer.use_v1",
     "M": f"{A}.ppo_mini_batch_size", "u": f"{A}.ppo_micro_batch_size", "m": f"{A}.ppo_micro_batch_size_per_gpu",
     "dyn": f"{A}.use_dynamic_bsz", "tok": f"{A}.ppo_max_token_len_per_gpu", "sp": f"{A}.ulysses_sequence_parallel_size",
     "loss_agg": f"{A}.loss_agg_mode", "rmpad": "actor_rollout_ref.model.use_remove_padding",

@@ -11,6 +11,8 @@ E38/E27/E29 need not arise there; E28 still does (it tests M x n against D, whic
 
 from __future__ import annotations
 
+import math
+
 from labkit.validate_rules import AE, ERROR, NOTICE, SILENT, STEP1, VE, Run, Snap, mod
 
 FIT = "verl/trainer/ppo/ray_trainer.py: RayPPOTrainer"
@@ -149,6 +151,28 @@ def _engine_update(run: Run, s: Snap, M: int, D: int, micro: int | None, dyn: bo
     return mini
 
 
+def _v1_padding(run: Run, s: Snap, D: int) -> None:
+    """0.9.1's default v1 loop pads the batch before balancing (trainer/ppo/v1/trainer_base.py:
+    PPOTrainer._get_required_batch_multiple, padding_utils.upsample_batch_to_divisible_size); labkit models v0."""
+    X, terms = s.B * s.n, [f"D = {D}"]
+    L = D
+    if s.need_critic:
+        L = math.lcm(L, s.c_M * s.n)
+        terms.append(f"critic M x n = {s.c_M} x {s.n}")
+    if s.warmup <= 1:  # the actor updates from global step 1 on
+        L = math.lcm(L, s.M * s.n)
+        terms.append(f"M x n = {s.M} x {s.n}")
+    pad = -X % L
+    run.add(pad > 0, "V1", None, "", STEP1, "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._balance_batch",
+            [f"B x n = {s.B} x {s.n} = {X}", f"lcm({', '.join(terms)}) = {L}", f"pad = {pad} synthetic samples",
+             f"rows per DP rank under v1 = ({X} + {pad}) / {D} = {(X + pad) // D}"],
+            "labkit's engine profile follows 0.9.1's v0 loop (RayPPOTrainer, trainer.use_v1=false). verl 0.9.1 runs "
+            "trainer.use_v1=true by default, a loop labkit does not model: among other things its _balance_batch "
+            f"first appends {pad} synthetic 128-token samples (zero loss) so the batch divides by {L}, so E38, E27 "
+            "and E29 cannot fire there and the rows per rank differ from this plan. Set trainer.use_v1=false to run "
+            "what labkit shows.", NOTICE, role="trainer")
+
+
 def step_checks(run: Run, s: Snap, micro: dict) -> None:
     """Step 1 of RayPPOTrainer.fit: generate, balance, old/ref log-prob, values, critic and actor updates.
 
@@ -163,6 +187,8 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
     if W % s.sp:
         return  # the Ulysses mesh already failed at worker init (X4)
     D = W // s.sp
+    if not s.legacy and s.use_v1:
+        _v1_padding(run, s, D)
     if s.balance:
         where = f"{FIT}._balance_batch -> {SEQ}"
         run.add(N < D, "E36", AE, f"number of items:[{N}] < k_partitions:[{D}]", STEP1,

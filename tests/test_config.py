@@ -92,3 +92,10 @@ def test_missing_file_and_attribute_access():
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
     with pytest.raises(ConfigError, match="Did you mean"):
         cfg.actor_rollout_ref.actor.ppo_mini_batch
+
+
+def test_a_key_of_the_other_profile_is_named_as_such():
+    with pytest.raises(ConfigError, match=r"'trainer.use_v1' is not a key of the legacy profile \(only of engine\)\.$"):
+        load_config(overrides=["trainer.use_v1=false"], profile="legacy")
+    assert load_config(overrides=["trainer.use_v1=false"], profile="engine").get("trainer.use_v1") is False
+    assert load_config(profile="engine").get("trainer.use_v1") is True  # verl 0.9.1's YAML default

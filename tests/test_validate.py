@@ -329,3 +329,49 @@ def test_check_is_fast_on_slider_moves():
                 check(c)
                 times.append(time.perf_counter() - t0)
     assert statistics.median(times) < 0.005, f"median {statistics.median(times) * 1e3:.2f} ms"
+
+
+# -- 0.9.1's default v1 loop (not modelled): the V1 notice ---------------------------------------------------------
+def test_v1_notice_pads_as_verls_own_required_multiple():
+    """Engine + trainer.use_v1 (0.9.1's default): the notice's lcm and pad equal what verl 0.9.1's own
+    PPOTrainer._get_required_batch_multiple (compiled from trainer/ppo/v1/trainer_base.py) and
+    upsample_batch_to_divisible_size give; no notice with use_v1=false, with nothing to pad, or in legacy."""
+    import math
+    import types
+    from pathlib import Path
+
+    import verl
+    from omegaconf import OmegaConf
+
+    from _oracle_legacy import load_function
+
+    src = Path(verl.__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
+    required = load_function(src, "_get_required_batch_multiple", {"math": math}, cls="PPOTrainer")
+    rng = random.Random("v1")
+    fired = 0
+    for _ in range(150):
+        B, n, gpn = rng.randint(1, 40), rng.choice([1, 2, 3, 4, 5, 8]), rng.choice([1, 2, 3, 4, 6, 8])
+        M, cM, warm = rng.randint(1, B), rng.randint(1, B), rng.choice([0, 0, 0, 3])
+        adv = rng.choice(["gae", "grpo"])
+        cfg = cfg_of(f"data.train_batch_size={B}", f"actor_rollout_ref.rollout.n={n}",
+                     f"trainer.n_gpus_per_node={gpn}", f"actor_rollout_ref.actor.ppo_mini_batch_size={M}",
+                     f"critic.ppo_mini_batch_size={cM}", f"trainer.critic_warmup={warm}",
+                     f"algorithm.adv_estimator={adv}", profile="engine")
+        stub = types.SimpleNamespace(use_critic=cfg.need_critic, global_steps=1, config=OmegaConf.create(
+            {"critic": {"ppo_mini_batch_size": cM}, "trainer": {"critic_warmup": warm},
+             "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": M}}}))
+        multiple = required(stub, gpn)  # sp = 1: dp_size = W
+        pad = multiple - (B * n) % multiple if (B * n) % multiple else 0  # upsample_batch_to_divisible_size
+        notes = [f for f in check(cfg, fixes=False).findings if f.code == "V1"]
+        if pad == 0:
+            assert not notes
+            continue
+        fired += 1
+        assert len(notes) == 1 and notes[0].severity == "notice" and notes[0].message == ""
+        assert f"= {multiple}" in notes[0].arithmetic[1] and notes[0].arithmetic[2] == f"pad = {pad} synthetic samples"
+        off = cfg.copy().override(["trainer.use_v1=false"])
+        assert not [f for f in check(off, fixes=False).findings if f.code == "V1"]
+    assert fired > 30
+    legacy = cfg_of("data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1",
+                    profile="legacy")
+    assert not [f for f in check(legacy, fixes=False).findings if f.code == "V1"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from labkit.config import SEED_EXAMPLE, VerlConfig, load_config
+from labkit.config_keys import KEYS
 from labkit.validate import check
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -471,7 +472,7 @@ def test_oracle_defaults_match_labkit_for_checked_keys():
         conf.actor_rollout_ref.rollout.name = "hf"
         cfg = load_config(profile=profile)
         for key in _SNAP_KEYS.values():
-            if key in ("trainer.use_legacy_worker_impl",) and profile == "engine":
+            if profile not in KEYS[key].profiles:  # e.g. use_legacy_worker_impl (legacy), use_v1 (engine)
                 continue
             want = omegaconf.OmegaConf.select(conf, key, default=None)
             if cfg.get(key) != want:
