@@ -30,14 +30,16 @@ def step_config(*, ranks: int = 4, n_prompts: int = 8, n: int = 4, tp: int = 1, 
 
 
 def token_balance(trace: StepTrace, stages: Sequence[str] = RANK_STAGES) -> go.Figure:
-    """Tokens per rank at every rank stage of one step (grouped bars; x = global rank)."""
+    """Tokens per rank at every rank stage of one step (grouped bars; x = global rank). ``generate`` counts the prompt
+    tokens a rollout rank receives; the later stages count prompt + response tokens (attention_mask sum)."""
     fig = go.Figure()
     for stage in stages:
         recs = trace.at(stage)
         if recs:
             fig.add_trace(go.Bar(x=[f"rank {r.rank}" for r in recs], y=[r.tokens for r in recs], name=stage))
     fig.update_layout(barmode="group", title=f"tokens per rank, every stage ({trace.source})",
-                      xaxis_title="global rank", yaxis_title="tokens (prompt + response, attention_mask sum)")
+                      xaxis_title="global rank",
+                      yaxis_title="tokens (generate: prompt; later stages: prompt + response)")
     return fig
 
 
