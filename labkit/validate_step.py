@@ -163,14 +163,18 @@ def _v1_padding(run: Run, s: Snap, D: int) -> None:
         L = math.lcm(L, s.M * s.n)
         terms.append(f"M x n = {s.M} x {s.n}")
     pad = -X % L
-    run.add(pad > 0, "V1", None, "", STEP1, "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._balance_batch",
+    what = []
+    if pad:
+        what.append(f"its _balance_batch first appends {pad} synthetic 128-token samples (zero loss) so the batch "
+                    f"divides by {L}: E38, E27 and E29 cannot fire there and the rows per rank differ from this plan")
+    if not s.balance:
+        what.append("it balances the batch even with trainer.balance_batch=false (verl issue #7758)")
+    run.add(bool(what), "V1", None, "", STEP1, "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._balance_batch",
             [f"B x n = {s.B} x {s.n} = {X}", f"lcm({', '.join(terms)}) = {L}", f"pad = {pad} synthetic samples",
              f"rows per DP rank under v1 = ({X} + {pad}) / {D} = {(X + pad) // D}"],
             "labkit's engine profile follows 0.9.1's v0 loop (RayPPOTrainer, trainer.use_v1=false). verl 0.9.1 runs "
-            "trainer.use_v1=true by default, a loop labkit does not model: among other things its _balance_batch "
-            f"first appends {pad} synthetic 128-token samples (zero loss) so the batch divides by {L}, so E38, E27 "
-            "and E29 cannot fire there and the rows per rank differ from this plan. Set trainer.use_v1=false to run "
-            "what labkit shows.", NOTICE, role="trainer")
+            "trainer.use_v1=true by default, a loop labkit does not model. Among other differences, "
+            + "; and ".join(what) + ". Set trainer.use_v1=false to run what labkit shows.", NOTICE, role="trainer")
 
 
 def step_checks(run: Run, s: Snap, micro: dict) -> None:

@@ -372,6 +372,11 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
         off = cfg.copy().override(["trainer.use_v1=false"])
         assert not [f for f in check(off, fixes=False).findings if f.code == "V1"]
     assert fired > 30
+    unbalanced = cfg_of("data.train_batch_size=8", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1",
+                        "trainer.balance_batch=false", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                        "critic.ppo_mini_batch_size=8", profile="engine")  # nothing to pad, but v1 balances anyway
+    notes = [f for f in check(unbalanced, fixes=False).findings if f.code == "V1"]
+    assert len(notes) == 1 and "balance_batch=false" in notes[0].explanation and "appends" not in notes[0].explanation
     legacy = cfg_of("data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1",
                     profile="legacy")
     assert not [f for f in check(legacy, fixes=False).findings if f.code == "V1"]
