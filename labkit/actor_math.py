@@ -77,16 +77,29 @@ class ActorSettings:
         return asdict(self)
 
 
+def verl_value(cfg: Any, path: str, default: Any) -> Any:
+    """A verl key's value: ``cfg.get`` where labkit's config models the key, else what was set for it (verl keys
+    labkit does not model land in ``cfg.ignored``), else verl's ``default``."""
+    from labkit.config_keys import KEYS
+
+    return cfg.get(path) if path in KEYS else getattr(cfg, "ignored", {}).get(path, default)
+
+
 def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
-    """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every key above, the learning rate from
-    ``actor_rollout_ref.actor.optim.lr``), plus model kwargs."""
+    """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every verl key above, the learning rate from
+    ``actor_rollout_ref.actor.optim.lr``; calculate_entropy and optim.weight_decay/betas via ``verl_value``), plus
+    model kwargs. ``data_loader_seed`` seeds the engine's mini-batch shuffle (ray_trainer._update_actor)."""
     g = cfg.get
     a, r, f = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
     return ActorSettings(
         profile=cfg.profile, rollout_n=g(f"{r}.n"), ppo_mini_batch_size=g(f"{a}.ppo_mini_batch_size"),
         ppo_micro_batch_size_per_gpu=g(f"{a}.ppo_micro_batch_size_per_gpu"), use_dynamic_bsz=g(f"{a}.use_dynamic_bsz"),
         ppo_max_token_len_per_gpu=g(f"{a}.ppo_max_token_len_per_gpu"), ppo_epochs=g(f"{a}.ppo_epochs"),
-        shuffle=g(f"{a}.shuffle"), loss_agg_mode=g(f"{a}.loss_agg_mode"), loss_scale_factor=g(f"{a}.loss_scale_factor"),
+        shuffle=g(f"{a}.shuffle"), data_loader_seed=g(f"{a}.data_loader_seed"),
+        calculate_entropy=bool(verl_value(cfg, f"{a}.calculate_entropy", False)),
+        weight_decay=float(verl_value(cfg, f"{a}.optim.weight_decay", 0.01)),
+        betas=tuple(float(b) for b in verl_value(cfg, f"{a}.optim.betas", (0.9, 0.999))),
+        loss_agg_mode=g(f"{a}.loss_agg_mode"), loss_scale_factor=g(f"{a}.loss_scale_factor"),
         clip_ratio=g(f"{a}.clip_ratio"), clip_ratio_low=g(f"{a}.clip_ratio_low"),
         clip_ratio_high=g(f"{a}.clip_ratio_high"), clip_ratio_c=g(f"{a}.clip_ratio_c"),
         entropy_coeff=g(f"{a}.entropy_coeff"), use_kl_loss=g(f"{a}.use_kl_loss"), kl_loss_type=g(f"{a}.kl_loss_type"),

@@ -86,6 +86,7 @@ def run_update(w: Any, data: DataProto) -> DataProto:
                                     s.loss_scale_factor)
         w.optimizer.zero_grad()
         mini_metrics: dict[str, list] = {}
+        mini_loss = 0.0
         for i, part in enumerate(parts):
             synced = legacy or i == len(parts) - 1
             if not legacy:
@@ -97,6 +98,7 @@ def run_update(w: Any, data: DataProto) -> DataProto:
                 scale = micro_batch_loss_scale("legacy", kind, len(part), mini, ga)
             rec.extra["loss_scale_per_micro"].append(scale)
             loss, m = _micro_loss(w, rec, data, part, temperature, calc_entropy, on_policy, info)
+            mini_loss += loss.detach().item()
             before = dist.collective_counts()
             (loss * scale).backward()
             rec.backward(before, sp, synced)
@@ -117,6 +119,9 @@ def run_update(w: Any, data: DataProto) -> DataProto:
             for k, v in mini_metrics.items():
                 metrics.setdefault(k, []).append(v)
             metrics.setdefault("actor/grad_norm", []).append(grad_norm)
+            # engine_workers._postprocess_output: loss = Σ micro-batch losses of the mini-batch (each the full
+            # ppo_loss, global denominators), AVG-all-reduced over DP (reduce_engine averages the ranks' values)
+            metrics.setdefault("actor/loss", []).append(mini_loss)
     w.optimizer.zero_grad()
     metrics["actor/lr"] = s.lr if legacy else [s.lr] * len(schedule)
     w.records.append(rec.finish())
@@ -150,8 +155,13 @@ def _micro_loss(w: Any, rec: CallRecord, data: DataProto, part: list[int], tempe
         out["actor/entropy" if legacy else "entropy_loss"] = ent.detach().item()
         if s.entropy_coeff != 0:
             policy_loss = policy_loss - ent * s.entropy_coeff
+            if legacy:
+                # verl 0.7.1 dp_actor.update_policy quirk: `policy_loss = pg_loss; policy_loss -= entropy_agg *
+                # entropy_coeff` subtracts IN PLACE on the pg_loss tensor, so the logged actor/pg_loss already holds
+                # −entropy_coeff·entropy. 0.9.1 losses.ppo_loss logs pg_loss (Metric → .item()) before subtracting.
+                out["pg_loss"] = policy_loss.detach().item()
     if s.use_kl_loss:
-        kld = kl_penalty(log_prob, batch["ref_log_prob"], s.kl_loss_type)
+        kld = kl_penalty(log_prob, batch["ref_log_prob"], s.kl_loss_type, profile=s.profile)
         kl = agg_loss(kld, mask, s.loss_agg_mode, profile=s.profile, **info)
         policy_loss = policy_loss + kl * s.kl_loss_coef
         out["kl_loss"] = kl.detach().item()

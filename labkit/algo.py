@@ -21,7 +21,7 @@ LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
     "legacy": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "engine": ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
 }
-KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # each also with a trailing "+"
+KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # engine: each also with a trailing "+"
 
 
 def _check_profile(profile: str) -> None:
@@ -207,10 +207,16 @@ def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_pena
     raise NotImplementedError(f"kl_penalty {kl_penalty_type!r} is not implemented; use one of {KL_PENALTY_TYPES}")
 
 
-def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty_type: str) -> torch.Tensor:
-    """KL estimate; a trailing "+" (e.g. "k3+") keeps the forward value but takes the gradient of k2, which is the
-    unbiased KL gradient (straight-through). Mirrors verl 0.9.1 core_algos.kl_penalty (0.7.1 rejects "+" names)."""
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty_type: str, *, profile: str) -> torch.Tensor:
+    """KL estimate; engine: a trailing "+" (e.g. "k3+") keeps the forward value but takes the gradient of k2 (the
+    unbiased KL gradient, straight-through). Mirrors core_algos.kl_penalty: 0.9.1 strips the "+" before
+    kl_penalty_forward; 0.7.1 (legacy) passes "k3+" on as is, where it falls through to NotImplementedError."""
+    _check_profile(profile)
     plus = kl_penalty_type.endswith("+")
+    if plus and profile == "legacy":
+        raise NotImplementedError(f"kl_penalty {kl_penalty_type!r} is not implemented in the legacy profile: verl "
+                                  f"0.7.1's kl_penalty_forward has no '+' names (bare NotImplementedError); use one "
+                                  f"of {KL_PENALTY_TYPES}")
     forward = kl_penalty_forward(logprob, ref_logprob, kl_penalty_type[:-1] if plus else kl_penalty_type)
     if not plus:
         return forward

@@ -78,7 +78,9 @@ _KEYS = [
     Key(f"{ACTOR}.kl_loss_coef", FLOAT, 0.001),
     Key(f"{ACTOR}.kl_loss_type", STR, "low_var_kl"),
     Key(f"{ACTOR}.grad_clip", FLOAT, 1.0),
+    Key(f"{ACTOR}.calculate_entropy", BOOL, False, doc="entropy in update_policy even when entropy_coeff = 0"),
     Key(f"{ACTOR}.optim.lr", FLOAT, 1e-6, minimum=0, doc="actor learning rate"),
+    Key(f"{ACTOR}.optim.weight_decay", FLOAT, 0.01, minimum=0, doc="AdamW weight decay"),
     Key(f"{ACTOR}.fsdp_config.fsdp_size", INT, -1),
     # rollout
     Key(f"{ROLLOUT}.name", STR, "hf", doc="labkit's rollout engine (verl's YAML leaves it '???')"),
@@ -134,6 +136,10 @@ _KEYS = [
     Key("algorithm.norm_adv_by_std_in_grpo", BOOL, True),
     Key("algorithm.use_kl_in_reward", BOOL, False),
     Key("algorithm.kl_penalty", STR, "kl"),
+    Key("algorithm.kl_ctrl.type", STR, "fixed", choices=("fixed", "adaptive"), doc="in-reward KL controller"),
+    Key("algorithm.kl_ctrl.kl_coef", FLOAT, 0.001, minimum=0, doc="in-reward KL coefficient (initial for adaptive)"),
+    Key("algorithm.kl_ctrl.horizon", INT, 10000, doc="adaptive controller horizon (steps)"),
+    Key("algorithm.kl_ctrl.target_kl", FLOAT, 0.1, doc="adaptive controller target KL"),
     Key("algorithm.gamma", FLOAT, 1.0),
     Key("algorithm.lam", FLOAT, 1.0),
 ]

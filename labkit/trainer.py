@@ -2,9 +2,10 @@
 
 ``GRPOTrainer`` starts one group of hybrid-engine workers (``labkit.hybrid_worker.ActorRolloutRefWorker``: actor,
 reference and rollout colocated on the same ranks, as verl's default) and runs, per ``step()``: gen → balance →
-reward → old_log_prob → ref (KL loss only) → adv → update_actor → update_weights, timing each stage as
-``timing_s/<name>``. ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens,
-micro-batches, collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
+reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.reward.apply_kl_penalty`` first when
+``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``.
+``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
+collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
 Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order) and metric_utils.compute_data_metrics.
 """
 
@@ -28,7 +29,7 @@ from labkit.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.live_rollout import sizes
 from labkit.plan import plan
 from labkit.protocol import DataProto
-from labkit.tiny_task import compute_score
+from labkit.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 ARR = "actor_rollout_ref"
@@ -50,40 +51,37 @@ def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str =
     return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
 
 
-def token_level_scores(batch: DataProto, tokenizer: Any) -> tuple[torch.Tensor, list[float]]:
-    """Rule reward per sample on its last response token (zeros elsewhere), from the decoded response.
-    Mirrors verl/workers/reward_manager/naive.py: NaiveRewardManager.__call__ with tiny_task.compute_score."""
-    resp, mask = batch.batch["responses"], batch.batch["response_mask"]
-    scores = torch.zeros(resp.shape, dtype=torch.float32)
-    values = []
-    for i in range(len(batch)):
-        valid = int(mask[i].sum())
-        text = tokenizer.decode(resp[i, :valid].tolist(), skip_special_tokens=False)
-        values.append(compute_score(str(batch.non_tensor_batch["raw_prompt"][i]), text))
-        if valid:
-            scores[i, valid - 1] = values[-1]
-    return scores, values
+def _stats(prefix: str, v: torch.Tensor, nan_if_empty: bool) -> dict[str, float]:
+    """mean/max/min of ``v``; empty: NaN (0.9.1) or torch.max's RuntimeError (0.7.1 has no empty guard)."""
+    if v.numel() == 0 and nan_if_empty:
+        return {f"{prefix}/{k}": float("nan") for k in ("mean", "max", "min")}
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
 
 
-def data_metrics(batch: DataProto, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
-    """critic/score|rewards|advantages|returns/{mean,max,min}, response_length/*, prompt_length/* (no critic).
-    Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics(use_critic=False)."""
-    b = batch.batch
+def data_metrics(batch: DataProto, max_response_length: int, max_prompt_length: int,
+                 profile: str = "engine") -> dict[str, float]:
+    """critic/score|rewards (non-aborted rows: response length > 0)|advantages|returns/{mean,max,min},
+    response_length/*, response_length_non_aborted/*, response/aborted_ratio, prompt_length/* (no critic).
+    Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics(use_critic=False), in 0.7.1 and 0.9.1 alike
+    except when a selection is empty: 0.9.1 logs NaN, 0.7.1 raises."""
+    b, nan_ok = batch.batch, profile == "engine"
     resp_mask = b["response_mask"].bool()
     prompt_len = b["attention_mask"][:, : -b["responses"].shape[1]].sum(-1).float()
     resp_len = resp_mask.sum(-1).float()
+    kept = resp_len != 0
     out: dict[str, float] = {}
     for name, seq in (("score", b["token_level_scores"].sum(-1)), ("rewards", b["token_level_rewards"].sum(-1))):
-        out.update({f"critic/{name}/mean": float(seq.mean()), f"critic/{name}/max": float(seq.max()),
-                    f"critic/{name}/min": float(seq.min())})
+        out.update(_stats(f"critic/{name}", seq[kept], nan_ok))
     for name in ("advantages", "returns"):
-        v = b[name][resp_mask]
-        out.update({f"critic/{name}/mean": float(v.mean()), f"critic/{name}/max": float(v.max()),
-                    f"critic/{name}/min": float(v.min())})
+        out.update(_stats(f"critic/{name}", b[name][resp_mask], nan_ok))
+    if not nan_ok and not bool(kept.any()):
+        raise ValueError("All samples are aborted, this should not happen.")
     for name, seq, top in (("response_length", resp_len, max_response_length),
+                           ("response_length_non_aborted", resp_len[kept], max_response_length),
                            ("prompt_length", prompt_len, max_prompt_length)):
-        out.update({f"{name}/mean": float(seq.mean()), f"{name}/max": float(seq.max()),
-                    f"{name}/min": float(seq.min()), f"{name}/clip_ratio": float((seq == top).float().mean())})
+        out.update(_stats(name, seq, nan_ok))
+        out[f"{name}/clip_ratio"] = float((seq == top).float().mean()) if seq.numel() else float("nan")
+    out["response/aborted_ratio"] = float((~kept).float().mean())
     return out
 
 
@@ -129,6 +127,8 @@ class GRPOTrainer:
                              f"{self.cfg.get('algorithm.adv_estimator')!r}")
         self.sizes = s = sizes(self.cfg)
         self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
+        self.kl_ctrl_in_reward = (kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward")
+                                  else None)  # RayPPOTrainer.__init__: core_algos.get_kl_controller
         self.settings = settings_for(self.cfg).with_(seed=seed, **({} if lr is None else {"lr": float(lr)}))
         self.global_steps, self.history = 0, []
         self.trace: StepTrace | None = None
@@ -203,7 +203,6 @@ class GRPOTrainer:
                 with self._timer("reward", timing, bar):
                     scores, _ = token_level_scores(batch, self.tokenizer)
                     batch.batch["token_level_scores"] = scores
-                    batch.batch["token_level_rewards"] = scores.clone()  # no KL in reward (use_kl_in_reward=False)
                 with self._timer("old_log_prob", timing, bar):
                     old = ar.compute_log_prob(self.wg, batch)
                     ent = old.batch["entropys"]
@@ -218,6 +217,14 @@ class GRPOTrainer:
                         batch.union(ar.compute_ref_log_prob(self.wg, batch))
                     mem["ref_log_prob"] = self._memory()
                 with self._timer("adv", timing, bar):
+                    b = batch.batch
+                    if self.kl_ctrl_in_reward is not None:  # ray_trainer.fit: apply_kl_penalty before the advantage
+                        b["token_level_rewards"], kl_metrics = apply_kl_penalty(
+                            b["token_level_scores"], b["old_log_probs"], b["ref_log_prob"], b["response_mask"],
+                            self.kl_ctrl_in_reward, cfg.get("algorithm.kl_penalty"), profile=cfg.profile)
+                        metrics.update(kl_metrics)
+                    else:
+                        b["token_level_rewards"] = b["token_level_scores"]
                     adv, ret = grpo_outcome_advantage(
                         batch.batch["token_level_rewards"], batch.batch["response_mask"],
                         batch.non_tensor_batch["uid"],
@@ -230,7 +237,7 @@ class GRPOTrainer:
                     self.synced = self.wg.update_weights()
         finally:
             bar.close()
-        metrics.update(data_metrics(batch, s["response_length"], s["prompt_length"]))
+        metrics.update(data_metrics(batch, s["response_length"], s["prompt_length"], cfg.profile))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = int(sum(batch.meta_info["global_token_num"]))
         metrics.update({"perf/total_num_tokens": tokens, "perf/time_per_step": timing["step"],

@@ -44,8 +44,9 @@ def group(name: str):
 def _close_groups():
     yield
     usage = [u for wg in _OPEN.values() for u in wg.usage()]
-    print(f"\nrank processes: {len(usage)}, CPU {sum(u['cpu_s'] for u in usage):.1f} s, peak RSS "
-          f"{max(u['max_rss_mb'] for u in usage):.0f} MB; test process CPU {time.process_time():.1f} s")
+    if usage:
+        print(f"\nrank processes: {len(usage)}, CPU {sum(u['cpu_s'] for u in usage):.1f} s, peak RSS "
+              f"{max(u['max_rss_mb'] for u in usage):.0f} MB; test process CPU {time.process_time():.1f} s")
     for wg in _OPEN.values():
         wg.close()
         assert wg.alive_pids() == []
@@ -203,8 +204,26 @@ def test_kl_and_entropy_terms_invariant_engine(ref):
         assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-4, abs=1e-7)
         assert metrics[0][key] == pytest.approx(metrics[2][key], rel=1e-4, abs=1e-7)
     assert metrics[0]["actor/kl_loss"] > 0 and metrics[0]["actor/entropy_loss"] > 0
+    for m in metrics[:3]:  # engine_workers._postprocess_output: Σ_micro of the full loss, DP-averaged
+        assert m["actor/loss"] == pytest.approx(m["actor/pg_loss"] - 0.1 * m["actor/entropy_loss"]
+                                                + 0.5 * m["actor/kl_loss"], rel=1e-5, abs=1e-7)
+    assert "actor/loss" not in metrics[3]  # 0.7.1 dp_actor.update_policy logs no total loss
     assert {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/kl_coef", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/pg_clipfrac_lower", "actor/grad_norm", "actor/lr"} <= set(metrics[3])
+
+
+def test_settings_from_config_reads_every_verl_key_it_holds():
+    """data_loader_seed (the engine's mini-batch shuffle seed), calculate_entropy, optim.weight_decay and
+    optim.betas (not a modelled key: a set value lands in cfg.ignored) reach ActorSettings."""
+    a = "actor_rollout_ref.actor"
+    base = settings_from_config(load_config(profile="engine"))
+    assert (base.data_loader_seed, base.calculate_entropy, base.weight_decay, base.betas) == (42, False, 0.01,
+                                                                                            (0.9, 0.999))
+    s = settings_from_config(load_config(overrides=[f"{a}.data_loader_seed=7", f"{a}.shuffle=true",
+                                                    f"{a}.calculate_entropy=true", f"{a}.optim.weight_decay=0.1",
+                                                    f"{a}.optim.betas=[0.8,0.95]"], profile="engine"))
+    assert (s.data_loader_seed, s.shuffle, s.calculate_entropy, s.weight_decay, s.betas) == (7, True, True, 0.1,
+                                                                                             (0.8, 0.95))
 
 
 def test_grad_clip_and_non_finite_skip(ref):

@@ -218,7 +218,7 @@ def test_kl_penalty_values_and_gradients_match_verl() -> None:
         kind = kinds[i % len(kinds)]
         a, b = lp.clone().requires_grad_(), ref.clone().requires_grad_()
         va, vb = lp.clone().requires_grad_(), ref.clone().requires_grad_()
-        mine, theirs = algo.kl_penalty(a, b, kind), core_algos.kl_penalty(va, vb, kind)
+        mine, theirs = algo.kl_penalty(a, b, kind, profile="engine"), core_algos.kl_penalty(va, vb, kind)
         _same(mine, theirs)
         upstream = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
         mine.backward(upstream), theirs.backward(upstream)
@@ -230,8 +230,9 @@ def test_kl_penalty_values_and_gradients_match_verl() -> None:
     for bad in ("full", "k4", "k3++"):
         with pytest.raises(NotImplementedError):
             core_algos.kl_penalty(lp, ref, bad)
-        with pytest.raises(NotImplementedError, match="is not implemented"):
-            algo.kl_penalty(lp, ref, bad)
+        for profile in ("engine", "legacy"):
+            with pytest.raises(NotImplementedError, match="is not implemented"):
+                algo.kl_penalty(lp, ref, bad, profile=profile)
 
 
 def test_entropy_and_plain_logprobs_match_verl() -> None:
@@ -485,5 +486,67 @@ def test_legacy_matches_verl_071(legacy_oracle) -> None:
     kl = {c["type"]: r for c, r in zip(cases, results) if c["kind"] == "kl"}
     for name in ("k1", "k3", "low_var_kl"):  # values agree with labkit (= 0.9.1)
         torch.testing.assert_close(torch.tensor(kl[name]["value"]),
-                                   algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name))
-    assert kl["k1+"]["error"][0] == kl["k3+"]["error"][0] == "NotImplementedError"  # 0.7.1 bug, fixed in 0.9.1
+                                   algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name,
+                                                   profile="legacy"))
+    for name in ("k1+", "k3+"):  # 0.7.1 raises on "+" names (fixed in 0.9.1): legacy raises the same type
+        assert kl[name]["error"][0] == "NotImplementedError"
+        _, err = _raised(lambda: algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name,
+                                                 profile="legacy"))
+        assert err is not None and err[0] == kl[name]["error"][0], err
+        assert algo.kl_penalty(torch.tensor([0.1]), torch.tensor([0.3]), name, profile="engine").shape == (1,)
+
+
+# ------------------------------------------------------------------------------------------ KL in the reward
+
+
+def test_kl_in_reward_matches_verl_apply_kl_penalty() -> None:
+    """labkit.reward.apply_kl_penalty + controllers vs verl 0.9.1's ray_trainer.apply_kl_penalty (compiled from its
+    source: ray_trainer.py needs torchdata to import) and core_algos.get_kl_controller, 3 steps per controller."""
+    from _oracle_legacy import load_function
+    from verl import DataProto as VerlDataProto
+    from verl.trainer.config import KLControlConfig
+
+    from labkit import reward
+
+    ns = {"core_algos": core_algos, "masked_mean": verl_F.masked_mean, "torch": torch, "DataProto": VerlDataProto}
+    verl_apply = load_function(Path(core_algos.__file__).with_name("ray_trainer.py"), "apply_kl_penalty", ns)
+    rng = np.random.default_rng(11)
+    for ctrl_type, kind in (("fixed", "kl"), ("adaptive", "low_var_kl"), ("adaptive", "k3+"), ("fixed", "mse")):
+        coef, target, horizon = float(rng.uniform(0.01, 0.5)), float(rng.uniform(0.01, 0.2)), int(rng.integers(5, 50))
+        theirs_ctrl = core_algos.get_kl_controller(KLControlConfig(type=ctrl_type, kl_coef=coef, target_kl=target,
+                                                                   horizon=horizon))
+        mine_ctrl = reward.kl_controller(ctrl_type, coef, target, horizon)
+        for _ in range(3):
+            rows, width = int(rng.integers(2, 7)), int(rng.integers(1, 6))
+            mask = torch.from_numpy((rng.random((rows, width)) < 0.7).astype(np.int64))
+            mask[0] = 0  # an empty response: masked_mean's 1e-8 guard
+            old = torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32)) - 2
+            ref = old + torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32))
+            scores = torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32))
+            data = VerlDataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": scores,
+                                                    "old_log_probs": old, "ref_log_prob": ref})
+            data, theirs = verl_apply(data, kl_ctrl=theirs_ctrl, kl_penalty=kind)
+            rewards, mine = reward.apply_kl_penalty(scores, old, ref, mask, mine_ctrl, kind, profile="engine")
+            torch.testing.assert_close(rewards, data.batch["token_level_rewards"], **EXACT)
+            assert mine == theirs and mine_ctrl.value == theirs_ctrl.value, (ctrl_type, kind, mine, theirs)
+        assert ctrl_type == "fixed" or mine_ctrl.value != coef  # the adaptive β moved
+    with pytest.raises(AssertionError, match="horizon must be larger than 0. Got 0"):
+        core_algos.get_kl_controller(KLControlConfig(type="adaptive", horizon=0))
+    with pytest.raises(AssertionError, match="horizon must be larger than 0. Got 0"):
+        reward.kl_controller("adaptive", 0.1, 0.1, 0)
+    with pytest.raises(NotImplementedError):
+        reward.kl_controller("pid", 0.1)
+    with pytest.raises(NotImplementedError):  # as 0.7.1's core_algos.kl_penalty, which apply_kl_penalty calls
+        reward.apply_kl_penalty(scores, old, ref, mask, mine_ctrl, "k3+", profile="legacy")
+
+
+def test_kl_controller_reads_algorithm_kl_ctrl() -> None:
+    """algorithm.kl_ctrl.* (verl keys labkit's config lists as ignored) reach the controller; unset: verl's YAML."""
+    from labkit import reward
+    from labkit.config import load_config
+
+    assert reward.kl_controller_from_config(load_config()) == reward.KLController("fixed", 0.001)
+    cfg = load_config(overrides=["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                                 "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_ctrl.target_kl=0.2",
+                                 "algorithm.kl_ctrl.horizon=100"], profile="legacy")
+    assert reward.kl_controller_from_config(cfg) == reward.KLController("adaptive", 0.05, 0.2, 100)

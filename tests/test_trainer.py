@@ -7,6 +7,7 @@ curve is printed), and nothing is left behind when the trainer exits."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,72 @@ def test_sp_tp_dynamic_kl_step_equals_prediction():
 def test_config_defaults_are_the_issue_shape():
     cfg = trainer_config()
     assert (cfg.get("data.train_batch_size"), cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus) == (8, 4, 4)
+
+
+def _metrics_batch(resp_lens: list[int]):
+    """A driver batch (no critic) with the given response lengths (0 = an aborted sample)."""
+    from labkit.protocol import DataProto
+
+    g = torch.Generator().manual_seed(len(resp_lens))
+    rows, P, R = len(resp_lens), 5, 6
+    prompt = (torch.arange(P)[None, :] >= torch.randint(0, P, (rows, 1), generator=g)).long()
+    resp = (torch.arange(R)[None, :] < torch.tensor(resp_lens)[:, None]).long()
+    t = {"prompts": torch.ones(rows, P, dtype=torch.long), "responses": torch.ones(rows, R, dtype=torch.long),
+         "attention_mask": torch.cat([prompt, resp], 1), "response_mask": resp}
+    for k in ("token_level_scores", "token_level_rewards", "advantages", "returns"):
+        t[k] = torch.randn(rows, R, generator=g) * resp
+    return DataProto.from_dict(tensors=t)
+
+
+def test_data_metrics_match_verl_compute_data_metrics():
+    """critic/score|rewards over non-aborted rows, response_length_non_aborted/*, response/aborted_ratio: labkit's
+    data_metrics vs verl 0.9.1's compute_data_metrics (engine) and 0.7.1's, compiled from its source (legacy)."""
+    from _oracle_legacy import load_function
+    from verl import DataProto as VerlDataProto
+    from verl.trainer.ppo import metric_utils
+
+    from labkit.trainer import data_metrics
+
+    oracle = Path(__file__).resolve().parents[1] / ".oracle" / "verl-0.7.1" / "verl" / "trainer" / "ppo"
+    ns = {"torch": torch, "np": np, "Any": object, "DataProto": VerlDataProto,
+          "_compute_response_info": metric_utils._compute_response_info}
+    legacy_fn = load_function(oracle / "metric_utils.py", "compute_data_metrics", ns)
+    for lens in ([3, 0, 6, 1, 0, 6], [2, 4, 6], [0, 0, 0]):
+        b = _metrics_batch(lens)
+        vb = VerlDataProto.from_dict(tensors=dict(b.batch.items()))
+        for profile, fn in (("engine", metric_utils.compute_data_metrics), ("legacy", legacy_fn)):
+            theirs, err = None, None
+            try:
+                theirs = fn(vb, use_critic=False)
+            except Exception as exc:  # noqa: BLE001 - 0.7.1 raises when every sample is aborted
+                err = type(exc)
+            if err is not None:
+                with pytest.raises(err):
+                    data_metrics(b, 6, 5, profile)
+                continue
+            mine = data_metrics(b, 6, 5, profile)
+            assert set(mine) == set(theirs), set(mine) ^ set(theirs)
+            np.testing.assert_allclose([mine[k] for k in sorted(mine)], [theirs[k] for k in sorted(mine)],
+                                       rtol=1e-6, equal_nan=True, err_msg=f"{profile} {lens}")
+    assert data_metrics(_metrics_batch([0, 2]), 6, 5, "legacy")["response/aborted_ratio"] == 0.5
+
+
+def test_kl_in_reward_step_runs_the_ref_and_penalises_the_scores():
+    """algorithm.use_kl_in_reward (k1): the ref pass runs, token_level_rewards = scores − β·kl·mask (adaptive β
+    logged before its update), verl's actor/reward_kl_penalty{,_coeff} are logged. ray_trainer.apply_kl_penalty."""
+    from labkit.algo import kl_penalty, masked_mean
+
+    with GRPOTrainer(["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.type=adaptive",
+                      "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_ctrl.horizon=64"], launcher="local", seed=1,
+                     lr=LR, progress=False) as tr:
+        first = tr.step()  # actor = reference: KL ≈ 0, the adaptive β shrinks by (1 − 0.2·rows/horizon)
+        beta = tr.kl_ctrl_in_reward.value
+        m = tr.step()  # the actor has moved: KL > 0
+        b = tr.batch.batch
+    assert "timing_s/ref" in m and first["actor/reward_kl_penalty_coeff"] == 0.5
+    assert beta == pytest.approx(0.5 * (1 - 0.2 * 32 / 64)) and m["actor/reward_kl_penalty_coeff"] == beta
+    kl = kl_penalty(b["old_log_probs"], b["ref_log_prob"], "kl", profile="engine") * b["response_mask"]
+    assert float(kl.abs().max()) > 1e-5, float(kl.abs().max())
+    torch.testing.assert_close(b["token_level_rewards"], b["token_level_scores"] - beta * kl, rtol=0, atol=0)
+    assert m["actor/reward_kl_penalty"] == pytest.approx(float(masked_mean(kl, b["response_mask"], -1).mean()))
+    assert m["actor/reward_kl_penalty"] != 0
