@@ -85,9 +85,16 @@ def verl_value(cfg: Any, path: str, default: Any) -> Any:
     return cfg.get(path) if path in KEYS else getattr(cfg, "ignored", {}).get(path, default)
 
 
+def _betas(value: Any) -> tuple[float, float]:
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in value)):
+        raise ValueError(f"actor_rollout_ref.actor.optim.betas must be a list of two numbers, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
 def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
     """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every verl key above, the learning rate from
-    ``actor_rollout_ref.actor.optim.lr``; calculate_entropy and optim.weight_decay/betas via ``verl_value``), plus
+    ``actor_rollout_ref.actor.optim.lr``; optim.betas, a list labkit does not model, via ``verl_value``), plus
     model kwargs. ``data_loader_seed`` seeds the engine's mini-batch shuffle (ray_trainer._update_actor)."""
     g = cfg.get
     a, r, f = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
@@ -96,9 +103,8 @@ def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
         ppo_micro_batch_size_per_gpu=g(f"{a}.ppo_micro_batch_size_per_gpu"), use_dynamic_bsz=g(f"{a}.use_dynamic_bsz"),
         ppo_max_token_len_per_gpu=g(f"{a}.ppo_max_token_len_per_gpu"), ppo_epochs=g(f"{a}.ppo_epochs"),
         shuffle=g(f"{a}.shuffle"), data_loader_seed=g(f"{a}.data_loader_seed"),
-        calculate_entropy=bool(verl_value(cfg, f"{a}.calculate_entropy", False)),
-        weight_decay=float(verl_value(cfg, f"{a}.optim.weight_decay", 0.01)),
-        betas=tuple(float(b) for b in verl_value(cfg, f"{a}.optim.betas", (0.9, 0.999))),
+        calculate_entropy=g(f"{a}.calculate_entropy"), weight_decay=g(f"{a}.optim.weight_decay"),
+        betas=_betas(verl_value(cfg, f"{a}.optim.betas", (0.9, 0.999))),
         loss_agg_mode=g(f"{a}.loss_agg_mode"), loss_scale_factor=g(f"{a}.loss_scale_factor"),
         clip_ratio=g(f"{a}.clip_ratio"), clip_ratio_low=g(f"{a}.clip_ratio_low"),
         clip_ratio_high=g(f"{a}.clip_ratio_high"), clip_ratio_c=g(f"{a}.clip_ratio_c"),

@@ -15,13 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from labkit.actor_math import verl_value
 from labkit.algo import kl_penalty, masked_mean
 from labkit.protocol import DataProto
 from labkit.tiny_task import compute_score
 
 KL_CTRL = "algorithm.kl_ctrl"
-KL_CTRL_DEFAULTS = {"type": "fixed", "kl_coef": 0.001, "horizon": 10000, "target_kl": 0.1}  # ppo_trainer.yaml
 
 
 def token_level_scores(batch: DataProto, tokenizer: Any) -> tuple[torch.Tensor, list[float]]:
@@ -68,9 +66,10 @@ def kl_controller(kind: str, kl_coef: float, target_kl: float | None = None,
 
 
 def kl_controller_from_config(cfg: Any) -> KLController:
-    """``algorithm.kl_ctrl.{type,kl_coef,target_kl,horizon}`` (verl's defaults where unset)."""
-    v = {k: verl_value(cfg, f"{KL_CTRL}.{k}", d) for k, d in KL_CTRL_DEFAULTS.items()}
-    return kl_controller(v["type"], v["kl_coef"], v["target_kl"], v["horizon"])
+    """The controller of ``algorithm.kl_ctrl.{type,kl_coef,target_kl,horizon}``."""
+    g = cfg.get
+    return kl_controller(g(f"{KL_CTRL}.type"), g(f"{KL_CTRL}.kl_coef"), g(f"{KL_CTRL}.target_kl"),
+                         g(f"{KL_CTRL}.horizon"))
 
 
 def apply_kl_penalty(scores: torch.Tensor, old_log_probs: torch.Tensor, ref_log_prob: torch.Tensor,

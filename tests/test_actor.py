@@ -224,6 +224,8 @@ def test_settings_from_config_reads_every_verl_key_it_holds():
                                                     f"{a}.optim.betas=[0.8,0.95]"], profile="engine"))
     assert (s.data_loader_seed, s.shuffle, s.calculate_entropy, s.weight_decay, s.betas) == (7, True, True, 0.1,
                                                                                              (0.8, 0.95))
+    with pytest.raises(ValueError, match=r"optim.betas must be a list of two numbers, got 0.9"):
+        settings_from_config(load_config(overrides=[f"{a}.optim.betas=0.9"], profile="engine"))
 
 
 def test_grad_clip_and_non_finite_skip(ref):

@@ -541,7 +541,7 @@ def test_kl_in_reward_matches_verl_apply_kl_penalty() -> None:
 
 
 def test_kl_controller_reads_algorithm_kl_ctrl() -> None:
-    """algorithm.kl_ctrl.* (verl keys labkit's config lists as ignored) reach the controller; unset: verl's YAML."""
+    """algorithm.kl_ctrl.* reach the controller; unset: verl's YAML defaults."""
     from labkit import reward
     from labkit.config import load_config
 
