@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from labkit import dist
 from labkit.dispatch import (Dispatch, Execute, MethodSpec, collected_ranks, first_batch_arg, registered_methods,
                              resolve, rows_tokens, split_for_ranks, unpad_output)
-from labkit.launcher import LocalLauncher, pid_alive, wait_gone
+from labkit.launcher import LocalLauncher, check_importable, pid_alive, wait_gone
 from labkit.rank_errors import (CallTimeoutError, CollectiveTimeoutError, RankDiedError, RankError, WorkerGroupError,
                                 root_cause)
 from labkit.rank_host import CALL_QUERY
@@ -75,8 +75,11 @@ class WorkerGroup:
                  start_timeout_s: float = 180.0, env: dict[str, str] | None = None, backend: str = "auto",
                  profile: str = "engine", actor_options: dict | None = None, num_cpus: int | None = None,
                  start_method: str | None = None) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        for key, value in (("timeout_s", timeout_s), ("collective_timeout_s", collective_timeout_s),
+                           ("start_timeout_s", start_timeout_s)):
+            dist.check_timeout(key, value)
         init_kwargs = dict(init_kwargs or {})
         worker_cls.check_world(world_size, **init_kwargs) if hasattr(worker_cls, "check_world") else None
         self.worker_cls, self.world_size = worker_cls, world_size
@@ -91,6 +94,8 @@ class WorkerGroup:
             if hasattr(WorkerGroup, name):
                 raise ValueError(f"worker method {name!r} clashes with WorkerGroup.{name}; rename it")
         self.launcher = _pick_launcher(launcher)
+        if self.launcher == "local":
+            check_importable(worker_cls)
         backend, device_kind = dist.choose_backend(world_size, backend)
         self.backend, self.device_kind = backend, device_kind
         port = dist.free_port()
@@ -235,12 +240,22 @@ class WorkerGroup:
         """Wait for every rank; the watchdog names a rank stuck in a collective past its timeout within seconds."""
         t0 = time.monotonic()
         next_watch = t0 + self.collective_timeout_s
+        death_seen: float | None = None
         while True:
             results = self._launcher.poll(handle, 0.1)
             if len(results) == len(ranks):
                 break
             now = time.monotonic()
             pending = [r for r in ranks if r not in results]
+            if death_seen is None and any(e.get("died") for e in results.values()):
+                death_seen = now
+            if death_seen is not None and now - death_seen > GRACE_S:
+                # a rank died: the call cannot complete; report it now rather than wait for peers that keep computing
+                self._broken = "a rank died during a call"
+                raise root_cause([e for e in results.values() if not e["ok"]] + [
+                    {"ok": False, "rank": r, "method": _results_method(results), "exc_type": "Abandoned",
+                     "pending": True, "message": f"rank {r} still running when a peer died", "traceback": ""}
+                    for r in pending])
             if now >= next_watch:
                 next_watch = now + 0.5
                 for rank, st in self._launcher.status(pending, timeout=1.0).items():
@@ -258,6 +273,8 @@ class WorkerGroup:
                                        f"{self._launcher.status(pending, timeout=1.0)}")
         if any(e.get("collective") or e.get("died") for e in results.values()):
             self._broken = "a rank timed out in a collective or died; its process groups are unusable"
+        elif any(e.get("pg_error") for e in results.values()):
+            self._broken = "a rank raised inside torch.distributed; its process groups may be out of step"
         return results
 
     def _check_usable(self) -> None:
@@ -286,6 +303,11 @@ class WorkerGroup:
                 name=fut.stage, title=f"{fut.method} [{fut.spec.mode_name}]", global_rows=fut.global_rows,
                 per_rank_rows=None if per_rank in (None, -1) else per_rank,
                 formula=f"dispatched by {fut.spec.mode_name} over {self.world_size} ranks", where="labkit.controller"))
+
+
+def _results_method(results: dict[int, dict]) -> str | None:
+    """The method named by any envelope (for the envelopes of ranks that never answered)."""
+    return next((e.get("method") for e in results.values() if e.get("method")), None)
 
 
 def _pick_launcher(launcher: str) -> str:

@@ -8,6 +8,8 @@ timeouts. Meshes follow verl's layouts (verl-reference.md §1.2, §2.3)."""
 from __future__ import annotations
 
 import datetime
+import math
+import numbers
 import os
 import pickle
 import socket
@@ -86,6 +88,11 @@ def init_dist(rank: int, world_size: int, master_port: int, *, master_addr: str 
 
     The rendezvous waits up to rendezvous_timeout_s (ranks start at different times); collectives use timeout_s."""
     global _STATE
+    check_timeout("timeout_s", timeout_s)
+    check_timeout("rendezvous_timeout_s", rendezvous_timeout_s)
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise ValueError(f"need 0 <= rank < world_size with world_size >= 1, got rank {rank!r}, "
+                         f"world_size {world_size!r}")
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     device = "cpu"
@@ -100,6 +107,13 @@ def init_dist(rank: int, world_size: int, master_port: int, *, master_addr: str 
     _STATE = DistState(rank, world_size, backend, device, timeout_s)
     set_group_timeout(None, timeout_s)
     return _STATE
+
+
+def check_timeout(name: str, value: Any) -> None:
+    """A timeout must be a finite number of seconds > 0: gloo reads 0 as "no timeout" (a wait falls back to the
+    group's timeout, a group timeout of 0 fails every collective at once) and a negative one fails at once."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 def set_group_timeout(group: Any, timeout_s: float) -> None:
@@ -229,6 +243,8 @@ def guarded(name: str, group: Any = None, timeout_s: float | None = None, count:
     """Publish "this rank waits in collective `name`" while the block runs; a RuntimeError inside (gloo's timeout or
     peer loss) becomes CollectiveTimeout naming rank, collective and group. Yields the timeout to wait with."""
     global _INFLIGHT
+    if timeout_s is not None:
+        check_timeout("timeout_s", timeout_s)
     timeout = timeout_s if timeout_s is not None else (_STATE.timeout_s if _STATE else DEFAULT_COLLECTIVE_TIMEOUT_S)
     ranks = group_ranks(group)
     t0 = time.monotonic()

@@ -7,9 +7,11 @@ verl/single_controller/ray/base.py: RayWorkerGroup."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from multiprocessing.connection import wait as mp_wait
@@ -90,6 +92,33 @@ def stop_forkserver() -> None:
         stop()
 
 
+def check_importable(worker_cls: type) -> None:
+    """Local rank processes unpickle the worker class by reference: it must be importable from a module (or from a
+    script's __main__, which multiprocessing re-imports); a class of a notebook/REPL/stdin, or one defined inside a
+    function, would only fail in the ranks ("exited with code 1")."""
+    module, qualname = getattr(worker_cls, "__module__", None), getattr(worker_cls, "__qualname__", "")
+    hint = ("launcher='local' starts ranks that import the worker class by name: define it in an importable module "
+            "(e.g. under labkit/), or use launcher='ray', which ships classes by value")
+    if "<locals>" in qualname:
+        raise ValueError(f"worker class {qualname} is defined inside a function; {hint}")
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+        main_file = getattr(main, "__file__", None) or ""
+        if not spec_name and not os.path.isfile(main_file):
+            raise ValueError(f"worker class {qualname} is defined in an interactive __main__ (notebook, REPL or "
+                             f"stdin) that rank processes cannot import; {hint}")
+        return
+    try:
+        obj: Any = importlib.import_module(module or "")
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"worker class {module}.{qualname} cannot be imported by name ({exc}); {hint}") from None
+    if obj is not worker_cls:
+        raise ValueError(f"{module}.{qualname} is not the worker class passed (redefined or shadowed); {hint}")
+
+
 class LocalLauncher:
     """W rank processes on this machine, forked from a preloaded fork server (default) or spawned; same interface as
     RayLauncher. The fork server costs one torch/tensordict import per driver instead of one per rank."""
@@ -108,6 +137,7 @@ class LocalLauncher:
         self.world_size = world_size
         self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
+        self._methods: dict[int, str] = {}
         self._next_id = 0
         if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
             host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
@@ -179,8 +209,17 @@ class LocalLauncher:
     def submit(self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict],
                opts: dict) -> tuple[int, list[int]]:
         call_id = self._next_id = self._next_id + 1
+        self._methods[call_id] = method
+        # pickle every rank's message first: an unpicklable argument fails here, before any rank starts the call
+        payloads = {rank: pickle.dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts),
+                                       protocol=pickle.HIGHEST_PROTOCOL) for rank in ranks}
         for rank in ranks:
-            _send(self.conns[rank], ("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts))
+            try:
+                self.conns[rank].send_bytes(payloads[rank])
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                if self.procs[rank].is_alive():  # not a dead peer: a real pickling/pipe problem of this call
+                    raise
+                self._results.setdefault(call_id, {})[rank] = self._dead_envelope(rank, method)
         return call_id, list(ranks)
 
     def poll(self, handle: tuple[int, list[int]], timeout: float) -> dict[int, dict]:
@@ -191,9 +230,10 @@ class LocalLauncher:
         for rank in ranks:
             if rank not in got and not self.procs[rank].is_alive():
                 self._drain(0)  # a last message may still be in the pipe
-                got.setdefault(rank, self._dead_envelope(rank, "call"))
+                got.setdefault(rank, self._dead_envelope(rank, self._methods.get(call_id, "call")))
         if len(got) == len(ranks):
             self._results.pop(call_id, None)
+            self._methods.pop(call_id, None)
         return dict(got)
 
     def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:

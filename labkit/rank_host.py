@@ -23,7 +23,25 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
     if isinstance(exc, dist.CollectiveTimeout):
         env["collective"] = {"collective": exc.collective, "group": exc.group_ranks, "elapsed_s": exc.elapsed_s,
                              "timeout_s": exc.timeout_s}
+    elif _raised_in_torch_distributed(exc):  # e.g. a raw torch.distributed collective timed out: the group is suspect
+        env["pg_error"] = True
     return env
+
+
+_C10D_FILES = ("distributed_c10d.py", "c10d_logger.py", "_functional_collectives.py")
+
+
+def _raised_in_torch_distributed(exc: BaseException) -> bool:
+    """True when the exception came out of a raw torch.distributed collective (not labkit.dist's guard)."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/distributed/" in name and name.rsplit("/", 1)[-1] in _C10D_FILES:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 class RankHost:

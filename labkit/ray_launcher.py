@@ -107,16 +107,32 @@ def _reap_failed_start(t_start: float) -> None:
                     pass
 
 
+_HOLDERS = 0  # worker groups / hold_ray callers sharing the Ray connection labkit made (0: labkit made none)
+
+
 def start_ray(num_cpus: int) -> bool:
-    """Start a quiet local Ray (or join RAY_ADDRESS) unless one is connected; True when this call started it."""
+    """Start a quiet local Ray (or join RAY_ADDRESS) unless one is connected; True when the caller holds a share of
+    a connection labkit made (then it must call stop_ray once). A Ray the user started is never held, and the
+    connection labkit made is shut down only when its last holder stops: two worker groups may share it."""
+    global _HOLDERS
     ray = import_ray()
     if ray.is_initialized():
+        if _HOLDERS > 0:
+            _HOLDERS += 1
+            return True
         return False
+    _HOLDERS = 0  # a labkit-made connection shut down behind labkit's back leaves no holders
+    _connect(ray, num_cpus)
+    _HOLDERS = 1
+    return True
+
+
+def _connect(ray: Any, num_cpus: int) -> None:
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        return True
+        return
     paths = ([_shim_dir()] if _skip_rfc3987() else []) + [_LABKIT_ROOT]
     saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *LEAN_ENV)}
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
@@ -128,7 +144,7 @@ def start_ray(num_cpus: int) -> bool:
             try:
                 with _lean_head():
                     ray.init(num_cpus=num_cpus, object_store_memory=256 * 2**20, **quiet)
-                return True
+                return
             except Exception as exc:  # Ray raises a bare Exception when the raylet dies during start-up
                 if attempt == 1 or "timed out during startup" not in str(exc):
                     raise
@@ -140,7 +156,6 @@ def start_ray(num_cpus: int) -> bool:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return True
 
 
 @contextmanager
@@ -181,10 +196,13 @@ def _lean_head() -> Iterator[None]:
 
 
 def stop_ray() -> None:
-    """ray.shutdown() (only called by a worker group that started Ray)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        ray.shutdown()
+    """Give back one share of the Ray connection labkit made (start_ray returned True); the last one shuts it down."""
+    global _HOLDERS
+    _HOLDERS = max(0, _HOLDERS - 1)
+    if _HOLDERS == 0:
+        ray = import_ray()
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def _host_class() -> Any:
@@ -250,22 +268,42 @@ class RayLauncher:
             self.pids[rank] = out[rank].get("pid")
         return out
 
+    def _gone(self) -> bool:
+        """True when Ray was shut down under this group (its actors died with it). A `.remote()` call would then
+        silently start a new local Ray (ray auto-init) and fail there."""
+        return not self.ray.is_initialized()
+
+    def _gone_envelopes(self, ranks: Any, method: str) -> dict[int, dict]:
+        exc = RuntimeError("Ray was shut down while this worker group was open (ray.shutdown() or the Ray session "
+                           "ended); its actors are gone")
+        return {r: _died(r, method, exc) for r in ranks}
+
     def submit(self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict],
                opts: dict) -> dict[str, Any]:
+        if self._gone():
+            return {"refs": {}, "done": self._gone_envelopes(ranks, method), "method": method}
         refs = {r: self.actors[r].call.remote(method, per_rank_args[r], per_rank_kwargs[r], **opts) for r in ranks}
         return {"refs": refs, "done": {}, "method": method}
 
     def poll(self, handle: dict[str, Any], timeout: float) -> dict[int, dict]:
         pending = {r: ref for r, ref in handle["refs"].items() if r not in handle["done"]}
+        if pending and self._gone():
+            handle["done"].update(self._gone_envelopes(pending, handle["method"]))
+            return dict(handle["done"])
         handle["done"].update(self._gather(pending, timeout, handle["method"]))
         return dict(handle["done"])
 
     def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:
+        if self._gone():
+            return {r: None for r in ranks}
         got = self._gather({r: self.actors[r].status.remote() for r in ranks}, timeout, "status")
         return {r: (got[r] if r in got and "died" not in got[r] else None) for r in ranks}
 
     def close(self, graceful_s: float = 3.0) -> list[dict]:
         """Ask each rank to destroy its process group (behind any running call), then ray.kill every actor."""
+        if self._gone():  # the actors went down with Ray
+            return [{"rank": r, "pid": self.pids[r], "pg_destroyed": None, "killed": True}
+                    for r in range(self.world_size)]
         reports = self._gather({r: a.shutdown.remote() for r, a in enumerate(self.actors)}, graceful_s, "shutdown")
         for actor in self.actors:
             try:

@@ -115,6 +115,9 @@ def spawn_ranks(target: Any, world_size: int, payload: dict, timeout_s: float) -
 
     from labkit import dist as ldist
 
+    ldist.check_timeout("timeout_s", timeout_s)
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
     port = ldist.free_port()
@@ -123,6 +126,7 @@ def spawn_ranks(target: Any, world_size: int, payload: dict, timeout_s: float) -
     for p in procs:
         p.start()
     results: dict[int, dict] = {}
+    failed = True
     try:
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
@@ -138,10 +142,13 @@ def spawn_ranks(target: Any, world_size: int, payload: dict, timeout_s: float) -
                     raise TimeoutError(f"ranks {missing} sent nothing within {timeout_s:.0f} s") from None
                 continue
             results[rank] = res
+            if "error" in res:  # its peers would only wait for it (collective or rendezvous timeout): stop now
+                break
+        failed = any("error" in res for res in results.values())
     finally:
         out_q.close()
-        for p in procs:
-            p.join(timeout=20)
+        for p in procs:  # after a failure, peers may sit in a collective or the rendezvous: do not wait for them
+            p.join(timeout=2 if failed else 20)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
@@ -165,8 +172,11 @@ def run_sp_demo(
     from labkit.tiny_model import load_tiny_model
     from labkit.ulysses import check_ulysses_heads
 
-    if sp < 2:
-        raise ValueError(f"run_sp_demo needs sp >= 2 ranks, got sp={sp}")
+    from labkit.dist import check_timeout
+
+    if not isinstance(sp, int) or sp < 2:
+        raise ValueError(f"run_sp_demo needs sp >= 2 ranks, got sp={sp!r}")
+    check_timeout("timeout_s", timeout_s)
     model = load_tiny_model()
     check_ulysses_heads(model.config.num_attention_heads, model.config.num_key_value_heads, sp)  # E41/E42 up front
     batch = {k: np.asarray(batch[k]) for k in _KEYS}

@@ -133,6 +133,16 @@ class DemoWorker(Worker):
         return float(dist.all_reduce(torch.ones(1)).item())
 
     @register(Dispatch.ONE_TO_ALL)
+    def raw_skip_all_reduce(self, skip_rank: int) -> float | None:
+        """As skip_all_reduce, through a raw torch.distributed all_reduce (not labkit.dist's guarded one), as code
+        that calls torch directly: it ends at the group's timeout, and leaves the process group out of step."""
+        if self.rank == skip_rank:
+            return None
+        t = torch.ones(1)
+        torch.distributed.all_reduce(t)
+        return float(t.item())
+
+    @register(Dispatch.ONE_TO_ALL)
     def stuck_in_collective(self, rank: int, seconds: float) -> int:
         """Rank `rank` blocks in a collective that ignores timeouts (as a wedged NCCL kernel): the driver's watchdog
         must name it."""

@@ -234,6 +234,31 @@ def test_ray_group_of_2_starts_and_stops_its_own_ray():
     assert ray.is_initialized() == ray_was_up, "labkit started Ray, so close() must shut it down"
 
 
+@needs_ray
+@pytest.mark.slow
+def test_two_ray_groups_share_the_ray_labkit_started():
+    """Groups open at once on the Ray labkit started: closing one leaves Ray up for the others (it used to shut Ray
+    down under them); a group whose Ray was shut down anyway fails clearly at once, without starting a new Ray."""
+    ray = import_ray()
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already up: this test needs labkit to start its own")
+    groups = [WorkerGroup(DemoWorker, 1, launcher="ray", collective_timeout_s=COLL_S) for _ in range(3)]
+    _CLOSED.extend(groups)
+    a, b, c = groups
+    with a, b, c:
+        a.close()
+        assert ray.is_initialized(), "closing one group shut down the Ray other groups still use"
+        assert b.echo(5) == [{"rank": 0, "x": 5}]
+        b.close()
+        assert ray.is_initialized() and c.echo(6) == [{"rank": 0, "x": 6}]
+        ray.shutdown()
+        t0 = time.monotonic()
+        with pytest.raises(controller.RankDiedError, match="Ray was shut down while this worker group was open"):
+            c.echo(1)
+        assert time.monotonic() - t0 < 2.0 and not ray.is_initialized()  # no new Ray started behind the user's back
+    assert not ray.is_initialized()
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     if not ray_available():
@@ -385,6 +410,63 @@ def _descendants() -> dict[int, str]:
     helpers = {p for p, c in out.items() if parent[p] == me and ("forkserver" in c or "resource_tracker" in c)}
     ray_own = {p for p, c in out.items() if c.startswith("ray::") or "/ray/" in c}  # the module's Ray session
     return {p: c for p, c in out.items() if p not in helpers | ray_own}
+
+
+def test_bad_timeouts_and_unimportable_workers_fail_before_any_process(monkeypatch):
+    """Timeouts <= 0 / not finite, a bool world size, and a worker class the local ranks could not import (defined
+    in a function, or in a notebook's __main__) are clear ValueErrors on the driver, before any process starts."""
+    import sys
+    import types
+
+    from labkit.dispatch import Worker
+
+    before, n_live, t0 = set(_descendants()), len(live_groups()), time.monotonic()
+    for kwargs, name in (({"timeout_s": 0}, "timeout_s"), ({"collective_timeout_s": -1.0}, "collective_timeout_s"),
+                         ({"start_timeout_s": float("nan")}, "start_timeout_s"), ({"timeout_s": None}, "timeout_s")):
+        with pytest.raises(ValueError, match=f"^{name} must be a finite number of seconds > 0"):
+            WorkerGroup(DemoWorker, 2, launcher="local", **kwargs)
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        WorkerGroup(DemoWorker, True, launcher="local")
+
+    class LocalWorker(Worker):
+        pass
+
+    with pytest.raises(ValueError, match=r"defined inside a function; launcher='local'.*launcher='ray'"):
+        WorkerGroup(LocalWorker, 2, launcher="local")
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # a notebook's: no file, no spec
+    nb_worker = type("NbWorker", (Worker,), {"__module__": "__main__"})
+    with pytest.raises(ValueError, match=r"interactive __main__ \(notebook"):
+        WorkerGroup(nb_worker, 2, launcher="local")
+    assert time.monotonic() - t0 < 1.0
+    assert set(_descendants()) <= before and len(live_groups()) == n_live
+
+
+@pytest.mark.slow
+def test_local_rank_killed_is_reported_at_once_and_a_raw_collective_breaks_the_group():
+    """SIGKILL of an idle rank: the next call raises RankDiedError (not BrokenPipeError) within GRACE_S, without
+    waiting for the peer's 30 s of work; a raw torch.distributed collective that timed out marks the group unusable."""
+    import signal
+
+    wg = WorkerGroup(DemoWorker, 2, launcher="local", collective_timeout_s=1.0, timeout_s=60)
+    _CLOSED.append(wg)
+    with wg:
+        os.kill(wg.pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while pid_alive(wg.pids[1]) and time.monotonic() < deadline:  # dead: its pipe end is closed
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with pytest.raises(controller.RankDiedError, match=r"rank 1 failed in sleep: RankDied: rank 1 .* code -9"):
+            wg.sleep(30)
+        assert time.monotonic() - t0 < controller.GRACE_S + 3
+        with pytest.raises(WorkerGroupError, match="unusable .*died"):
+            wg.echo(1)
+    wg2 = WorkerGroup(DemoWorker, 2, launcher="local", collective_timeout_s=1.0, timeout_s=60)
+    _CLOSED.append(wg2)
+    with wg2:
+        with pytest.raises(RankError, match="rank 0 failed in raw_skip_all_reduce"):
+            wg2.raw_skip_all_reduce(1)
+        with pytest.raises(WorkerGroupError, match=r"unusable \(a rank raised inside torch.distributed"):
+            wg2.echo(1)
 
 
 def test_auto_launcher_falls_back_to_local_without_ray(monkeypatch):

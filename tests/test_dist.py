@@ -49,6 +49,27 @@ def test_backend_choice_on_this_machine():
         dist.choose_backend(2, "mpi")
 
 
+def test_bad_timeouts_are_clear_errors_before_any_wait():
+    """gloo reads a timeout of 0 as "no timeout" and fails every collective of a group with timeout 0 at once:
+    timeouts <= 0 or not finite are ValueErrors, raised before any rendezvous, collective or process."""
+    from labkit import ulysses_demo
+
+    for bad in (0, -1.0, float("inf"), float("nan"), None):
+        with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
+            dist.init_dist(0, 1, dist.free_port(), timeout_s=bad)
+    with pytest.raises(ValueError, match=r"^rendezvous_timeout_s must be a finite number of seconds > 0"):
+        dist.init_dist(0, 1, dist.free_port(), rendezvous_timeout_s=0)
+    with pytest.raises(ValueError, match=r"need 0 <= rank < world_size"):
+        dist.init_dist(2, 2, dist.free_port())
+    with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
+        dist.all_reduce(torch.ones(1), timeout_s=0)
+    with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
+        ulysses_demo.spawn_ranks(ulysses_demo.sp_rank_main, 2, {}, timeout_s=0)
+    with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
+        ulysses_demo.run_sp_demo({}, sp=2, timeout_s=-1)
+    assert not torch.distributed.is_initialized()
+
+
 def test_free_port_is_bindable():
     port = dist.free_port()
     with socket.socket() as s:
