@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def _reap_failed_start(t_start: float) -> None:
 
 
 _HOLDERS = 0  # worker groups / hold_ray callers sharing the Ray connection labkit made (0: labkit made none)
+_SESSION_DIR: str | None = None  # the session folder of the local Ray labkit started (removed when it stops)
 
 
 def start_ray(num_cpus: int) -> bool:
@@ -124,7 +126,17 @@ def start_ray(num_cpus: int) -> bool:
     _HOLDERS = 0  # a labkit-made connection shut down behind labkit's back leaves no holders
     _connect(ray, num_cpus)
     _HOLDERS = 1
+    global _SESSION_DIR
+    _SESSION_DIR = None if os.environ.get("RAY_ADDRESS") else _session_dir(ray)
     return True
+
+
+def _session_dir(ray: Any) -> str | None:
+    """The local Ray session's folder (logs, sockets: tens of MB), to remove once that Ray is shut down."""
+    try:
+        return str(ray._private.worker._global_node.get_session_dir_path())
+    except Exception:  # noqa: BLE001 - a private Ray API: without it the folder stays
+        return None
 
 
 def _connect(ray: Any, num_cpus: int) -> None:
@@ -200,9 +212,13 @@ def stop_ray() -> None:
     global _HOLDERS
     _HOLDERS = max(0, _HOLDERS - 1)
     if _HOLDERS == 0:
+        global _SESSION_DIR
         ray = import_ray()
         if ray.is_initialized():
             ray.shutdown()
+        if _SESSION_DIR and os.path.basename(_SESSION_DIR).startswith("session_"):  # the Ray labkit started locally
+            shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+        _SESSION_DIR = None
 
 
 def _host_class() -> Any:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import controller
+from labkit import controller, ray_launcher
 from labkit.controller import (CollectiveTimeoutError, LiveFuture, RankError, WorkerGroup, WorkerGroupError,
                                live_groups)
 from labkit.launcher import pid_alive
@@ -222,6 +222,8 @@ def test_ray_group_of_2_starts_and_stops_its_own_ray():
     _CLOSED.append(wg)
     with wg:
         assert wg.launcher == "ray" and ray.is_initialized() and wg.backend == "gloo"
+        session = None if ray_was_up else ray_launcher._SESSION_DIR  # the local Ray's folder, removed at the end
+        assert ray_was_up or (session and os.path.isdir(session))
         check_modes(wg, seed=2)
         t0 = time.monotonic()
         with pytest.raises(CollectiveTimeoutError) as err:
@@ -232,6 +234,7 @@ def test_ray_group_of_2_starts_and_stops_its_own_ray():
         with pytest.raises(WorkerGroupError, match="unusable"):
             wg.echo(1)
     assert ray.is_initialized() == ray_was_up, "labkit started Ray, so close() must shut it down"
+    assert session is None or not os.path.exists(session), f"{session} left behind"
 
 
 @needs_ray
