@@ -224,7 +224,11 @@ class ActorWorker(Worker):
         return lp, ent
 
     def _rmpad(self) -> bool:
-        return self.s.profile == "engine" or self.s.use_remove_padding  # engine workers always pack
+        return self.s.use_remove_padding
+
+    def _pad_to_longest(self) -> bool:
+        """Engine without rmpad pads each micro-batch to its longest row; legacy dp_actor feeds the full width."""
+        return self.s.profile == "engine" and not self.s.use_remove_padding
 
     def _batch_num_tokens(self, rec: CallRecord, data: DataProto, budget: int | None) -> int:
         """Engine: response tokens summed over the DP group (the global loss denominator). The same all-reduce also
@@ -274,11 +278,12 @@ class ActorWorker(Worker):
         sp = self.s.ulysses_sequence_parallel_size
         rows = torch.as_tensor(idx, dtype=torch.long)
         micro = {k: data.batch[k][rows].to(self.device) for k in LOG_PROB_KEYS}
-        rec.micro(idx, micro["attention_mask"], self._rmpad(), sp)
+        rec.micro(idx, micro["attention_mask"], self._rmpad(), sp, self._pad_to_longest())
         before = dist.collective_counts()
         lp, ent = forward_micro_batch(model, micro, use_remove_padding=self._rmpad(),
                                       sp_group=self.sp_group if sp > 1 else None, temperature=temperature,
-                                      calculate_entropy=calculate_entropy, chunked=self.s.chunked_logprob)
+                                      calculate_entropy=calculate_entropy, chunked=self.s.chunked_logprob,
+                                      pad_to_longest=self._pad_to_longest())
         rec.forward(before, sp)
         return lp, ent
 

@@ -36,11 +36,13 @@ class CallRecord:
     def count(self, name: str, times: int = 1) -> None:
         self.collectives[name] += times
 
-    def micro(self, rows: list[int], mask: torch.Tensor, rmpad: bool, sp: int) -> None:
-        """A micro-batch of the rank's rows ``rows`` (positions in the dispatched chunk)."""
+    def micro(self, rows: list[int], mask: torch.Tensor, rmpad: bool, sp: int, pad_to_longest: bool = False) -> None:
+        """A micro-batch of the rank's rows ``rows`` (positions in the dispatched chunk); padded tokens as fed: packed
+        (+ Ulysses pad), rows x the longest row (engine, rmpad off) or rows x the full width (dp_actor, rmpad off)."""
         lens = mask.sum(-1).tolist()
         tokens = int(sum(lens))
-        padded = am.ulysses_padded(tokens, sp) if rmpad else len(rows) * self.width
+        padded = (am.ulysses_padded(tokens, sp) if rmpad else len(rows) * max(lens, default=0) if pad_to_longest
+                  else len(rows) * self.width)
         self.micro_batches.append({"rows": len(rows), "tokens": tokens, "padded_tokens": padded,
                                    "workload": am.workload(lens), "indices": [self.offset + int(i) for i in rows]})
 

@@ -134,11 +134,12 @@ def _micro_loss(w: Any, rec: CallRecord, data: DataProto, part: list[int], tempe
     s, sp = w.s, w.s.ulysses_sequence_parallel_size
     rows = torch.as_tensor(part, dtype=torch.long)
     batch = {k: v[rows].to(w.device) for k, v in data.batch.items()}
-    rec.micro(part, batch["attention_mask"], w._rmpad(), sp)
+    rec.micro(part, batch["attention_mask"], w._rmpad(), sp, w._pad_to_longest())
     before = dist.collective_counts()
     log_prob, entropy = forward_micro_batch(w.model, batch, use_remove_padding=w._rmpad(),
                                             sp_group=w.sp_group if sp > 1 else None, temperature=temperature,
-                                            calculate_entropy=calc_entropy, chunked=s.chunked_logprob)
+                                            calculate_entropy=calc_entropy, chunked=s.chunked_logprob,
+                                            pad_to_longest=w._pad_to_longest())
     rec.forward(before, sp)
     mask = batch["response_mask"]
     old = log_prob.detach() if on_policy else batch["old_log_probs"]

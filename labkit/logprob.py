@@ -97,6 +97,26 @@ def _forward_padded(model, micro, response_length, temperature, calculate_entrop
     return _logprob_entropy(logits, micro["responses"], temperature, calculate_entropy, chunked, chunk_size)
 
 
+def _forward_right_padded(model, micro, response_length, temperature, calculate_entropy, chunked, chunk_size):
+    """Engine without rmpad: each row's real tokens left-aligned and right-padded to the micro-batch's longest row
+    (``torch.nested.to_padded_tensor``), forward with that mask; the real positions' logits in packed order then
+    take the rmpad path's labels and scatter. Mirrors verl/workers/engine/fsdp/transformer_impl.py:
+    FSDPEngineWithLMHead.prepare_model_inputs (use_remove_padding=False)."""
+    packed = pack_micro_batch(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+    lens = micro["attention_mask"].sum(-1)
+    valid = torch.arange(int(lens.max()) if lens.numel() else 0, device=lens.device)[None, :] < lens[:, None]
+    ids = packed.input_ids.new_zeros(valid.shape)
+    pos = packed.position_ids.new_zeros(valid.shape)
+    ids[valid], pos[valid] = packed.input_ids[0], packed.position_ids[0]  # row-major, as the packed order
+    logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits[valid]
+    log_probs, entropy = _logprob_entropy(logits, packed.labels.squeeze(0), temperature, calculate_entropy, chunked,
+                                          chunk_size)
+    log_probs = packed.pad_back(log_probs)[:, -response_length - 1 : -1]
+    if entropy is not None:
+        entropy = packed.pad_back(entropy)[:, -response_length - 1 : -1]
+    return log_probs, entropy
+
+
 def _forward_rmpad(model, micro, response_length, sp_group, temperature, calculate_entropy, chunked, chunk_size):
     """Pack, (pad and slice over SP), forward with attention_mask=None and use_cache=False, log-probs of the rolled
     labels, (gather over SP and unpad), scatter back to (bsz, seqlen) and slice the response positions."""
@@ -140,6 +160,7 @@ def forward_micro_batch(
     chunked: bool = True,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     autocast_dtype: torch.dtype | None = None,
+    pad_to_longest: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log_probs (bsz, R), entropy (bsz, R) or None) of ``micro``'s responses under ``softmax(logits / T)``.
 
@@ -147,6 +168,8 @@ def forward_micro_batch(
     row's real tokens hold garbage (0 on the rmpad path), mask them with the response mask. ``sp_group`` (size > 1)
     splits the packed row over Ulysses SP ranks, which must all call this with the same micro-batch; it is the
     module-level SP group for the duration of the call. Works under ``torch.no_grad`` and with grads.
+    ``pad_to_longest`` (rmpad off): the engine's layout, rows right-padded to the micro-batch's longest row, instead
+    of dp_actor's full rollout width.
     Mirrors verl/workers/actor/dp_actor.py: DataParallelPPOActor._forward_micro_batch."""
     sp = _sp_size(sp_group)
     _check(model, micro, use_remove_padding, sp)
@@ -157,4 +180,7 @@ def forward_micro_batch(
         if use_remove_padding:
             return _forward_rmpad(model, micro, response_length, sp_group if sp > 1 else None, temperature,
                                   calculate_entropy, chunked, chunk_size)
+        if pad_to_longest:
+            return _forward_right_padded(model, micro, response_length, temperature, calculate_entropy, chunked,
+                                         chunk_size)
         return _forward_padded(model, micro, response_length, temperature, calculate_entropy, chunked, chunk_size)

@@ -132,7 +132,7 @@ def build_ctx(cfg: Any, lengths: list[int] | None, dispatch: str) -> Ctx:
         sp=g(f"{ARR}.actor.ulysses_sequence_parallel_size"), tp=g(f"{ARR}.rollout.tensor_model_parallel_size"),
         rdp=g(f"{ARR}.rollout.data_parallel_size"), pp=g(f"{ARR}.rollout.pipeline_model_parallel_size"),
         A=g(f"{ARR}.rollout.agent.num_workers"), width=pl + rl, prompt_length=pl, response_length=rl,
-        rmpad=cfg.profile == "engine" or bool(g(f"{ARR}.actor.use_remove_padding")), lengths=lengths,
+        rmpad=bool(g(f"{ARR}.{'model' if cfg.profile == 'engine' else 'actor'}.use_remove_padding")), lengths=lengths,
     )
 
 

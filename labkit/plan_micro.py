@@ -90,8 +90,9 @@ def micro_records(
     """MicroBatchRecords for the rank's rows ``idx`` cut into ``parts`` (local positions, or the dynamic triple
     (positions, tokens, workloads)), plus the tokens each SP rank holds per micro-batch.
 
-    padded_tokens: rmpad off → rows × (prompt_length + response_length); rmpad on → real tokens + Ulysses pad to a
-    multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch.
+    padded_tokens: rmpad off → legacy rows × (prompt_length + response_length) (the rollout's padded width), engine
+    rows × the micro-batch's longest row (``torch.nested.to_padded_tensor``); rmpad on → real tokens + Ulysses pad to
+    a multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch.
     """
     key = ("rec", id(parts), tuple(idx[:1]), len(idx), sp, rmpad)
     hit = ctx.cache.get(key)
@@ -114,7 +115,10 @@ def micro_records(
             tok = sum(map(lens.__getitem__, ids))
             wl = float(sum(map(ctx.workloads.__getitem__, ids)))
         if not rmpad:
-            padded = len(ids) * width
+            if ctx.profile == "legacy":
+                padded = len(ids) * width
+            else:
+                padded = None if lens is None or not ids else len(ids) * max(map(lens.__getitem__, ids))
         else:
             padded = None if tok is None else ulysses_padded(tok, sp)
         recs.append(MicroBatchRecord(len(ids), tok, padded, wl, ids))

@@ -3,7 +3,9 @@ budget, micro size, remove-padding. Kept apart from the stage arithmetic because
 
 Legacy (verl ≤ 0.8 ``fsdp_workers.py``): log-prob keys from ``rollout.*`` / ``ref.*`` on the actor's Ulysses mesh,
 critic keys from ``critic.*``; deprecated global micro sizes are floor-divided by W//sp. Engine (0.9.1
-``engine_workers.py``): rows are always packed (``left_right_2_no_padding``); the actor's ``use_dynamic_bsz`` drives
+``engine_workers.py``): rows arrive unpadded (``left_right_2_no_padding``) and are packed when the model's
+``use_remove_padding`` is on, else padded to the micro-batch's longest row
+(``FSDPEngineWithLMHead.prepare_model_inputs``); the actor's ``use_dynamic_bsz`` drives
 old log-prob; the critic engine is dynamic on its own sp=1 mesh with ``ppo_infer_max_token_len_per_gpu`` (32768,
 not exposed by labkit) for values (``RayPPOTrainer.init_workers``).
 """
@@ -80,6 +82,7 @@ class Params:
     where: str = ""
     notes: list[str] = field(default_factory=list)
     D: int = 0
+    slice_sp: int = 0  # sp that pads/slices packed rows (legacy ref: ref sp on the actor's mesh); 0 → sp
 
 
 def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
@@ -89,7 +92,7 @@ def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
     m = ctx.get(key)
     dep = ctx.get(deprecated)
     if dep is not None and ctx.profile == "legacy" and not ctx.cfg.is_set(key):
-        m = dep // (ctx.W // sp) or None  # the *_per_gpu twin may interpolate the raw global value
+        m = dep // (ctx.W // sp)  # the *_per_gpu twin may interpolate the raw global value; 0 stays 0 (X1/X2)
     return m
 
 
@@ -100,12 +103,24 @@ def params(ctx: Ctx, name: str) -> Params:
     critic = name in ("values", "update_critic")
     notes: list[str] = []
     sp = budget_sp = ctx.get(sp_k)
-    if legacy and name == "ref_log_prob":  # the ref runs in the actor worker, dispatched on the actor's mesh
+    if legacy and name == "ref_log_prob":  # the ref worker builds the actor's Ulysses mesh and is dispatched on it
         sp = ctx.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
+        if sp != budget_sp:
+            # DataParallelPPOActor(config.ref) pads/slices by ref sp and gathers only if ref sp > 1; the attention
+            # patch all-to-alls over the actor's SP group (ActorRolloutRefWorker.__init__, dp_actor.py)
+            notes.append(f"ref sp {budget_sp} ≠ actor sp {sp}: the ref is dispatched on the actor's (dp, sp) mesh "
+                         f"but pads/slices by ref sp" + (" (each SP rank runs every token of its DP group)"
+                                                        if budget_sp == 1 else
+                                                        "; verl slices with the wrong group: unsupported"))
     dyn, budget = bool(ctx.get(dyn_k)), ctx.get(budget_k)
-    rmpad = bool(ctx.get("critic.model.use_remove_padding" if critic else f"{ARR}.actor.use_remove_padding"))
+    # legacy: the actor's DataParallelPPOActor reads actor.use_remove_padding; the ref's is overwritten with
+    # model.use_remove_padding (ActorRolloutRefWorker.init_model); the critic reads critic.model.use_remove_padding
+    owner = "critic.model" if critic else f"{ARR}.model" if name == "ref_log_prob" else f"{ARR}.actor"
+    rmpad = bool(ctx.get(f"{owner}.use_remove_padding"))
     if not legacy:
-        rmpad = True  # engine workers always receive packed (nested) rows
+        # TrainingWorker passes model_config.use_remove_padding; off → to_padded_tensor up to the micro-batch's
+        # longest row (verl/workers/engine/fsdp/transformer_impl.py: FSDPEngineWithLMHead.prepare_model_inputs)
+        rmpad = bool(ctx.get("critic.model.use_remove_padding" if critic else f"{ARR}.model.use_remove_padding"))
         if name == "old_log_prob":
             dyn = bool(ctx.get(f"{ARR}.actor.use_dynamic_bsz"))
         if critic:
@@ -115,8 +130,15 @@ def params(ctx: Ctx, name: str) -> Params:
                 budget = ENGINE_CRITIC_INFER_BUDGET
             notes.append("0.9.1 critic engine: dynamic micro-batching on its own sp=1 mesh; critic micro sizes, "
                          "use_dynamic_bsz and ulysses_sequence_parallel_size are not passed to it")
+    missing = _MISSING[name]
+    if name in ("old_log_prob", "ref_log_prob") and ctx.get(f"{ARR}.actor.use_dynamic_bsz"):
+        # validate_config's E3 is keyed on the *actor's* use_dynamic_bsz: skipped, so the None micro size reaches
+        # DataProto.split (legacy) / prepare_micro_batches (engine) and fails there at step 1
+        missing = ("X3", "TypeError", "'NoneType' object cannot be interpreted as an integer" if legacy
+                   else "unsupported operand type(s) for *: 'int' and 'NoneType'")
     if ctx.W % sp:
         raise mesh_failure(ctx.W, sp)
     return Params(sp=sp, budget_sp=budget_sp, dyn=dyn, budget=budget, micro=_micro(ctx, micro_k, dep_k, sp),
-               rmpad=rmpad, missing=_MISSING[name], keys=[micro_k, dyn_k, budget_k, sp_k],
-               where=(WHERE if legacy else WHERE_ENGINE)[name], notes=notes, D=ctx.W // sp)
+               rmpad=rmpad, missing=missing, keys=[micro_k, dyn_k, budget_k, sp_k],
+               where=(WHERE if legacy else WHERE_ENGINE)[name], notes=notes, D=ctx.W // sp,
+               slice_sp=budget_sp if legacy and name == "ref_log_prob" else sp)

@@ -23,14 +23,17 @@ def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dic
         return dynamic_partitions(ctx, chunks, p.budget * p.budget_sp)
     if p.micro is None:
         raise StageFailure(*p.missing)
+    if p.micro == 0:  # legacy: a deprecated global size floor-divided to 0 per GPU; DataProto.split(0)
+        raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
     return [static_partitions(len(c), p.micro, ctx.profile) for c in chunks], {}
 
 
-def _forward_colls(n_micro: int, sp: int) -> dict[str, int]:
+def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
     out = {"all_gather(params)": n_micro}
-    if sp > 1:
+    if sp > 1:  # the attention all-to-all runs over the mesh's SP group
         out["all_to_all(ulysses)"] = n_micro
-        out["all_gather(ulysses_outputs)"] = n_micro
+        if slice_sp > 1:  # gather_outputs_and_unpad only where the rows were sliced
+            out["all_gather(ulysses_outputs)"] = n_micro
     return out
 
 
@@ -47,6 +50,8 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     p = params(ctx, name)
     rec.keys, rec.where = p.keys, p.where
     sp, D, rmpad, dyn, m = p.sp, p.D, p.rmpad, p.dyn, p.micro
+    if ctx.dispatch == "all_gather" and ctx.N % ctx.W:  # ≤v0.5 DP_COMPUTE_PROTO chunks by W before the worker runs
+        raise fail_chunk(ctx.N, ctx.W)
     chunks = ctx.dp_chunks(D)
     rows = ctx.N // D
     rec.per_rank_rows = rows
@@ -64,14 +69,12 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         rec.formula = (f"B·n/D = {ctx.N}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
                        f"{sizes[0]}" + (f" (last {sizes[-1]})" if sizes[-1] != sizes[0] else ""))
     rec.note = "; ".join(notes)
-    if ctx.dispatch == "all_gather" and ctx.N % ctx.W:
-        raise fail_chunk(ctx.N, ctx.W)
     per_dp: dict[int, tuple] = {}
     for rank in range(ctx.W):
         dp, spr = actor_layout(rank, sp)
         idx = chunks[dp]
         if dp not in per_dp:  # every SP rank of a DP group holds the same rows (records shared)
-            per_dp[dp] = ([], None) if parts is None else micro_records(ctx, idx, parts[dp], sp, rmpad)
+            per_dp[dp] = ([], None) if parts is None else micro_records(ctx, idx, parts[dp], p.slice_sp, rmpad)
         micro, per_sp = per_dp[dp]
         coll: dict[str, int] = {}
         extra: dict = {"dynamic": dyn}
@@ -83,7 +86,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
             _add(coll, sync)
             if ctx.profile == "engine":
                 coll["all_reduce(sum):batch_num_tokens"] = 1
-            _add(coll, _forward_colls(len(micro), sp))
+            _add(coll, _forward_colls(len(micro), sp, p.slice_sp))
         if per_sp is not None:
             extra["tokens_per_sp_rank"] = per_sp
         padded = [x.padded_tokens for x in micro]
@@ -108,13 +111,21 @@ def _minis(ctx: Ctx, name: str, sp: int, D: int, m: int | None) -> tuple[int, st
         if mini == 0 and name == "update_actor":
             raise StageFailure("E20", "AssertionError",
                                f"ppo_mini_batch_size {mini} should be larger than 0 after normalization")
+        if m == 0:  # deprecated global micro size floor-divided to 0 (E11 is skipped when dynamic)
+            raise StageFailure("X1", "ZeroDivisionError", "integer modulo by zero")
         if m is not None and mini % m:
             raise StageFailure("E21", "AssertionError", f"normalized ppo_mini_batch_size {mini} should be divisible "
                                                         f"by ppo_micro_batch_size_per_gpu {m}")
-        if mini == 0 or (m is not None and mini // m == 0):
+        if m is not None and mini // m == 0:
             raise StageFailure("E22", "AssertionError", f"normalized ppo_mini_batch_size {mini} should be larger than "
                                                         f"ppo_micro_batch_size_per_gpu {m}")
-        return mini, text, lambda rows: [mini] * (rows // mini) + ([rows % mini] if rows % mini else [])
+
+        def legacy(rows: int) -> list[int]:
+            if mini == 0:  # the critic has no E20: update_critic's DataProto.split(0) fails (after dispatch)
+                raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
+            return [mini] * (rows // mini) + ([rows % mini] if rows % mini else [])
+
+        return mini, text, legacy
 
     def engine(rows: int) -> list[int]:
         if total % D:
@@ -150,6 +161,8 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     rec.keys, rec.where = p.keys + ["ppo_mini_batch_size", "ppo_epochs"], p.where
     sp, D, rmpad, dyn, m = p.sp, p.D, p.rmpad, p.dyn, p.micro
     mini, text, split = _minis(ctx, name, sp, D, m)  # legacy asserts at worker init, before any dispatch
+    if ctx.dispatch == "all_gather" and ctx.N % ctx.W:  # ≤v0.5 DP_COMPUTE_PROTO chunks by W
+        raise fail_chunk(ctx.N, ctx.W)
     chunks = ctx.dp_chunks(D)
     rows = ctx.N // D
     rec.per_rank_rows = rows

@@ -125,6 +125,11 @@ class GRPOTrainer:
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
             raise ValueError(f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
                              f"{self.cfg.get('algorithm.adv_estimator')!r}")
+        sp, ref_sp = (self.cfg.get(f"{ARR}.{role}.ulysses_sequence_parallel_size") for role in ("actor", "ref"))
+        if ref_sp != sp:  # the planner models verl's ref on its own SP size; the live ref shares the actor's
+            raise ValueError(f"the live trainer runs the reference on the actor's Ulysses groups: "
+                             f"{ARR}.ref.ulysses_sequence_parallel_size={ref_sp} must equal the actor's {sp} (verl's "
+                             f"default); labkit.plan shows what verl does with a different ref size")
         self.sizes = s = sizes(self.cfg)
         self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
         self.kl_ctrl_in_reward = (kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward")

@@ -112,7 +112,7 @@ def test_log_probs_invariant_to_micro_batching_rmpad_sp_dp(name, ref):
     mask = data.batch["response_mask"]
     worst = 0.0
     for profile in ("engine", "legacy"):
-        for rmpad in ((True, False) if profile == "legacy" and sp == 1 else (True,)):
+        for rmpad in ((True, False) if sp == 1 else (True,)):  # engine rmpad off: rows x the longest row
             configs = [dict(use_dynamic_bsz=False, log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_gpu=m)
                        for m in _micro_sizes(name)]
             configs += [dict(use_dynamic_bsz=True, log_prob_use_dynamic_bsz=True, log_prob_max_token_len_per_gpu=b)

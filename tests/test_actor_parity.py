@@ -79,6 +79,7 @@ def _oracle_case(case: dict) -> dict:
                               sp_group=None, dp_group=None)
     w._temperature = lambda d: float(d.meta_info["temperature"])
     w._rmpad = lambda: False
+    w._pad_to_longest = lambda: False
     w._dynamic_parts = lambda rec, d, b: ActorWorker._dynamic_parts(w, rec, d, b)
     mine = run_update(w, DataProto.from_dict(tensors={k: v.clone() for k, v in data.batch.items()},
                                              meta_info={"temperature": TEMPERATURE})).meta_info["metrics"]

@@ -173,8 +173,10 @@ def check_invariants(tr: StepTrace, cfg, lengths):
                         assert m.tokens == sum(lengths[i] for i in m.indices)
                         if tr.summary["rmpad"]:
                             assert m.padded_tokens % sp == 0 and 0 <= m.padded_tokens - m.tokens < sp
-                        else:
+                        elif tr.profile == "legacy":  # the rollout's padded width
                             assert m.padded_tokens == m.rows * tr.summary["width"]
+                        else:  # engine: nested rows padded to the micro-batch's longest (to_padded_tensor)
+                            assert m.padded_tokens == m.rows * max(lengths[i] for i in m.indices)
         if recs[0].extra["dynamic"] and recs[0].micro_batches:
             counts = [len(v[0].micro_batches) for v in by_dp.values()]
             assert len(set(counts)) == 1  # the micro-batch count is synced (MAX) over the DP group
@@ -462,3 +464,68 @@ def test_plan_agrees_with_validate_on_where_verl_stops():
                 ours = next(errors[s] for s in STAGES if s in errors)
                 assert (ours["code"], ours["message"]) == (first["code"], first["message"]), (profile, ov)
     assert compared > 30
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# audit regressions: padding per profile, ref SP on the actor's mesh, where verl really stops
+# ----------------------------------------------------------------------------------------------------------------
+SMALL = ["data.train_batch_size=4", f"{ARR}.rollout.n=2", "trainer.n_gpus_per_node=2",
+         f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.rollout.agent.num_workers=1",
+         f"{ARR}.actor.ppo_mini_batch_size=4", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
+         f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2", f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
+         "trainer.balance_batch=false", "data.max_prompt_length=16", "data.max_response_length=16",
+         "algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=true"]
+SMALL_LENS = [5, 7, 9, 11, 13, 3, 4, 6]
+
+
+def test_padded_tokens_without_rmpad_per_profile():
+    """rmpad off: legacy feeds the rollout's padded width (16+16); the 0.9.1 engine pads the nested rows only to the
+    micro-batch's longest (FSDPEngineWithLMHead.prepare_model_inputs: to_padded_tensor(max_seq_len))."""
+    ov = SMALL + [f"{ARR}.model.use_remove_padding=false"]
+    leg = plan(cfg_of(ov, "legacy"), SMALL_LENS).at("old_log_prob")[0]
+    assert [(m.tokens, m.padded_tokens) for m in leg.micro_batches] == [(12, 64), (20, 64)]
+    eng = plan(cfg_of(ov, "engine"), SMALL_LENS)
+    assert eng.summary["rmpad"] is False
+    for stage in ("old_log_prob", "ref_log_prob", "update_actor"):
+        r = eng.at(stage)[0]
+        assert [(m.tokens, m.padded_tokens) for m in r.micro_batches][:2] == [(12, 14), (20, 22)], stage
+
+
+def test_legacy_ref_sp_differs_from_actor_sp():
+    """Legacy ref worker: dispatched on the actor's (dp, sp) mesh, but DataParallelPPOActor(config.ref) pads and
+    slices by ref sp; with ref sp 1 every SP rank runs all tokens of its DP group and nothing is gathered."""
+    ov = SMALL + [f"{ARR}.actor.ulysses_sequence_parallel_size=2", f"{ARR}.ref.ulysses_sequence_parallel_size=1"]
+    tr = plan(cfg_of(ov, "legacy"), SMALL_LENS)
+    old, ref = tr.at("old_log_prob")[0], tr.at("ref_log_prob")[0]
+    assert old.extra["tokens_per_sp_rank"] == [6, 10, 8, 5] and old.collectives["all_gather(ulysses_outputs)"] == 4
+    assert ref.rows == old.rows == 8 and len(tr.at("ref_log_prob")) == 2
+    assert ref.extra["tokens_per_sp_rank"] == [12, 20, 16, 10] and ref.padded_tokens == ref.tokens
+    assert "all_gather(ulysses_outputs)" not in ref.collectives and ref.collectives["all_to_all(ulysses)"] == 4
+    assert "ref sp 1 ≠ actor sp 2" in tr.stage("ref_log_prob").note
+
+
+def test_logprob_micro_errors_where_verl_raises_them():
+    """validate_config's E3 is keyed on the actor's use_dynamic_bsz: with it on, a static log-prob pass without a
+    micro size fails at step 1 (TypeError); a deprecated global size floored to 0 fails in DataProto.split(0)."""
+    ov = [o for o in SMALL if "log_prob_micro" not in o] + [
+        f"{ARR}.actor.use_dynamic_bsz=true", f"{ARR}.rollout.log_prob_use_dynamic_bsz=false",
+        f"{ARR}.ref.log_prob_use_dynamic_bsz=false"]
+    err = plan(cfg_of(ov, "legacy"), SMALL_LENS).summary["stage_errors"]
+    assert err["old_log_prob"] == err["ref_log_prob"] == {
+        "code": "X3", "exc_type": "TypeError", "message": "'NoneType' object cannot be interpreted as an integer"}
+    assert plan(cfg_of(ov, "engine"), SMALL_LENS).summary["stage_errors"]["ref_log_prob"]["code"] == "X3"
+    ov = [o for o in SMALL if "rollout.log_prob_micro" not in o] + [f"{ARR}.rollout.log_prob_micro_batch_size=1"]
+    assert plan(cfg_of(ov, "legacy")).summary["stage_errors"]["old_log_prob"] == {
+        "code": "X2", "exc_type": "ValueError", "message": "range() arg 3 must not be zero"}
+
+
+def test_all_gather_dispatch_chunks_every_call_by_world_size():
+    """≤v0.5 DP_COMPUTE_PROTO chunks by W before the worker runs: B·n = 6 on W = 4 (D = 2 with sp 2) stops every
+    actor-mesh call, the update included, with E26 over W."""
+    ov = [f"data.train_batch_size=3", f"{ARR}.rollout.n=2", "trainer.n_gpus_per_node=4",
+          f"{ARR}.actor.ulysses_sequence_parallel_size=2", f"{ARR}.rollout.tensor_model_parallel_size=1",
+          f"{ARR}.rollout.agent.num_workers=1", f"{ARR}.actor.ppo_mini_batch_size=3",
+          f"{ARR}.actor.use_dynamic_bsz=true", "algorithm.adv_estimator=grpo"]
+    err = plan(cfg_of(ov, "legacy"), dispatch="all_gather").summary["stage_errors"]
+    e26 = "only support equal chunk. Got size of DataProto 6 and chunk 4."
+    assert err["old_log_prob"]["message"] == err["update_actor"]["message"] == e26

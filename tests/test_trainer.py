@@ -43,6 +43,9 @@ def first(trainer):
 def test_bad_config_fails_before_any_process_starts():
     with pytest.raises(ValueError, match="adv_estimator=grpo"):
         GRPOTrainer(["algorithm.adv_estimator=gae"], launcher="local")
+    with pytest.raises(ValueError, match=r"ref.ulysses_sequence_parallel_size=1 must equal the actor's 2"):
+        GRPOTrainer(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1"], launcher="local")
     assert live_groups() == []
 
 
@@ -226,16 +229,26 @@ def test_data_metrics_match_verl_compute_data_metrics():
 
 def test_kl_in_reward_step_runs_the_ref_and_penalises_the_scores():
     """algorithm.use_kl_in_reward (k1): the ref pass runs, token_level_rewards = scores − β·kl·mask (adaptive β
-    logged before its update), verl's actor/reward_kl_penalty{,_coeff} are logged. ray_trainer.apply_kl_penalty."""
+    logged before its update), verl's actor/reward_kl_penalty{,_coeff} are logged. ray_trainer.apply_kl_penalty.
+    With model.use_remove_padding=false, whose engine layout (rows x the micro-batch's longest row) the plan shares."""
     from labkit.algo import kl_penalty, masked_mean
 
     with GRPOTrainer(["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.type=adaptive",
-                      "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_ctrl.horizon=64"], launcher="local", seed=1,
+                      "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_ctrl.horizon=64",
+                      "actor_rollout_ref.model.use_remove_padding=false"], launcher="local", seed=1,
                      lr=LR, progress=False) as tr:
         first = tr.step()  # actor = reference: KL ≈ 0, the adaptive β shrinks by (1 − 0.2·rows/horizon)
         beta = tr.kl_ctrl_in_reward.value
         m = tr.step()  # the actor has moved: KL > 0
         b = tr.batch.batch
+        # rmpad off on the engine: every micro-batch is padded to its own longest row, as predicted
+        assert tr.mismatches() == [], tr.mismatches()
+        width = b["attention_mask"].shape[1]
+        micros = [mb for r in tr.trace.at("old_log_prob") + tr.trace.at("update_actor") for mb in r.micro_batches]
+        assert all(mb.padded_tokens <= mb.rows * width for mb in micros)
+        assert all(mb.padded_tokens >= mb.tokens for mb in micros) and any(mb.padded_tokens > mb.tokens
+                                                                             for mb in micros)
+        assert any(mb.padded_tokens < mb.rows * width for mb in micros)  # not the legacy full width
     assert "timing_s/ref" in m and first["actor/reward_kl_penalty_coeff"] == 0.5
     assert beta == pytest.approx(0.5 * (1 - 0.2 * 32 / 64)) and m["actor/reward_kl_penalty_coeff"] == beta
     kl = kl_penalty(b["old_log_probs"], b["ref_log_prob"], "kl", profile="engine") * b["response_mask"]
