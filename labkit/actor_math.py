@@ -77,14 +77,6 @@ class ActorSettings:
         return asdict(self)
 
 
-def verl_value(cfg: Any, path: str, default: Any) -> Any:
-    """A verl key's value: ``cfg.get`` where labkit's config models the key, else what was set for it (verl keys
-    labkit does not model land in ``cfg.ignored``), else verl's ``default``."""
-    from labkit.config_keys import KEYS
-
-    return cfg.get(path) if path in KEYS else getattr(cfg, "ignored", {}).get(path, default)
-
-
 def _betas(value: Any) -> tuple[float, float]:
     if not (isinstance(value, (list, tuple)) and len(value) == 2
             and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in value)):
@@ -94,7 +86,7 @@ def _betas(value: Any) -> tuple[float, float]:
 
 def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
     """ActorSettings from a ``labkit.config.VerlConfig`` (profile and every verl key above, the learning rate from
-    ``actor_rollout_ref.actor.optim.lr``; optim.betas, a list labkit does not model, via ``verl_value``), plus
+    ``actor_rollout_ref.actor.optim.lr``; optim.betas, a list labkit does not model, from ``cfg.ignored``), plus
     model kwargs. ``data_loader_seed`` seeds the engine's mini-batch shuffle (ray_trainer._update_actor)."""
     g = cfg.get
     a, r, f = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
@@ -104,7 +96,7 @@ def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
         ppo_max_token_len_per_gpu=g(f"{a}.ppo_max_token_len_per_gpu"), ppo_epochs=g(f"{a}.ppo_epochs"),
         shuffle=g(f"{a}.shuffle"), data_loader_seed=g(f"{a}.data_loader_seed"),
         calculate_entropy=g(f"{a}.calculate_entropy"), weight_decay=g(f"{a}.optim.weight_decay"),
-        betas=_betas(verl_value(cfg, f"{a}.optim.betas", (0.9, 0.999))),
+        betas=_betas(cfg.ignored.get(f"{a}.optim.betas", (0.9, 0.999))),
         loss_agg_mode=g(f"{a}.loss_agg_mode"), loss_scale_factor=g(f"{a}.loss_scale_factor"),
         clip_ratio=g(f"{a}.clip_ratio"), clip_ratio_low=g(f"{a}.clip_ratio_low"),
         clip_ratio_high=g(f"{a}.clip_ratio_high"), clip_ratio_c=g(f"{a}.clip_ratio_c"),

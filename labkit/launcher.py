@@ -44,8 +44,12 @@ def wait_gone(pids: list[int], timeout_s: float) -> None:
 
 
 # ---- local processes ----------------------------------------------------------------------------------------------
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _send(conn: Any, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    conn.send_bytes(_dumps(obj))
 
 
 def _recv(conn: Any) -> Any:
@@ -137,7 +141,6 @@ class LocalLauncher:
         self.world_size = world_size
         self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
-        self._methods: dict[int, str] = {}
         self._next_id = 0
         if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
             host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
@@ -207,12 +210,11 @@ class LocalLauncher:
         return ready
 
     def submit(self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict],
-               opts: dict) -> tuple[int, list[int]]:
+               opts: dict) -> tuple[int, list[int], str]:
         call_id = self._next_id = self._next_id + 1
-        self._methods[call_id] = method
         # pickle every rank's message first: an unpicklable argument fails here, before any rank starts the call
-        payloads = {rank: pickle.dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts),
-                                       protocol=pickle.HIGHEST_PROTOCOL) for rank in ranks}
+        payloads = {rank: _dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts))
+                    for rank in ranks}
         for rank in ranks:
             try:
                 self.conns[rank].send_bytes(payloads[rank])
@@ -220,20 +222,19 @@ class LocalLauncher:
                 if self.procs[rank].is_alive():  # not a dead peer: a real pickling/pipe problem of this call
                     raise
                 self._results.setdefault(call_id, {})[rank] = self._dead_envelope(rank, method)
-        return call_id, list(ranks)
+        return call_id, list(ranks), method
 
-    def poll(self, handle: tuple[int, list[int]], timeout: float) -> dict[int, dict]:
+    def poll(self, handle: tuple[int, list[int], str], timeout: float) -> dict[int, dict]:
         """Envelopes of `handle` that have arrived (a dead rank's envelope says so)."""
-        call_id, ranks = handle
+        call_id, ranks, method = handle
         self._drain(timeout)
         got = self._results.get(call_id, {})
         for rank in ranks:
             if rank not in got and not self.procs[rank].is_alive():
                 self._drain(0)  # a last message may still be in the pipe
-                got.setdefault(rank, self._dead_envelope(rank, self._methods.get(call_id, "call")))
+                got.setdefault(rank, self._dead_envelope(rank, method))
         if len(got) == len(ranks):
             self._results.pop(call_id, None)
-            self._methods.pop(call_id, None)
         return dict(got)
 
     def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:

@@ -97,6 +97,14 @@ def _forward_padded(model, micro, response_length, temperature, calculate_entrop
     return _logprob_entropy(logits, micro["responses"], temperature, calculate_entropy, chunked, chunk_size)
 
 
+def _response_positions(packed, log_probs, entropy, response_length):
+    """Per-token outputs in packed order, scattered back to (bsz, seqlen) and sliced to the response positions."""
+    log_probs = packed.pad_back(log_probs)[:, -response_length - 1 : -1]
+    if entropy is not None:
+        entropy = packed.pad_back(entropy)[:, -response_length - 1 : -1]
+    return log_probs, entropy
+
+
 def _forward_right_padded(model, micro, response_length, temperature, calculate_entropy, chunked, chunk_size):
     """Engine without rmpad: each row's real tokens left-aligned and right-padded to the micro-batch's longest row
     (``torch.nested.to_padded_tensor``), forward with that mask; the real positions' logits in packed order then
@@ -111,10 +119,7 @@ def _forward_right_padded(model, micro, response_length, temperature, calculate_
     logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits[valid]
     log_probs, entropy = _logprob_entropy(logits, packed.labels.squeeze(0), temperature, calculate_entropy, chunked,
                                           chunk_size)
-    log_probs = packed.pad_back(log_probs)[:, -response_length - 1 : -1]
-    if entropy is not None:
-        entropy = packed.pad_back(entropy)[:, -response_length - 1 : -1]
-    return log_probs, entropy
+    return _response_positions(packed, log_probs, entropy, response_length)
 
 
 def _forward_rmpad(model, micro, response_length, sp_group, temperature, calculate_entropy, chunked, chunk_size):
@@ -143,10 +148,7 @@ def _forward_rmpad(model, micro, response_length, sp_group, temperature, calcula
     if all_zero:
         log_probs = log_probs[:0]
         entropy = entropy[:0] if entropy is not None else None
-    log_probs = packed.pad_back(log_probs)[:, -response_length - 1 : -1]
-    if entropy is not None:
-        entropy = packed.pad_back(entropy)[:, -response_length - 1 : -1]
-    return log_probs, entropy
+    return _response_positions(packed, log_probs, entropy, response_length)
 
 
 def forward_micro_batch(
