@@ -180,7 +180,7 @@ class WorkerGroup:
         ranks = list(range(self.world_size))
         handle = self._launcher.submit(ranks, CALL_QUERY, [(mesh_name, key)] * self.world_size,
                                        [{}] * self.world_size, {})
-        results = self._await(handle, ranks)
+        results = self._await(handle, ranks, CALL_QUERY)
         errors = [results[r] for r in ranks if not results[r]["ok"]]
         if errors:
             raise root_cause(errors)
@@ -226,7 +226,7 @@ class WorkerGroup:
         return future.get() if spec.blocking else future
 
     def _finish(self, fut: LiveFuture) -> Any:
-        results = self._await(fut.handle, fut.ranks)
+        results = self._await(fut.handle, fut.ranks, fut.method)
         errors = [results[r] for r in fut.ranks if not results[r]["ok"]]
         if errors:
             raise root_cause(errors)
@@ -236,7 +236,7 @@ class WorkerGroup:
             return outputs[0]
         return unpad_output(fut.collect_fn(self, outputs), fut.pad)
 
-    def _await(self, handle: Any, ranks: list[int]) -> dict[int, dict]:
+    def _await(self, handle: Any, ranks: list[int], method: str) -> dict[int, dict]:
         """Wait for every rank; the watchdog names a rank stuck in a collective past its timeout within seconds."""
         t0 = time.monotonic()
         next_watch = t0 + self.collective_timeout_s
@@ -253,7 +253,7 @@ class WorkerGroup:
                 # a rank died: the call cannot complete; report it now rather than wait for peers that keep computing
                 self._broken = "a rank died during a call"
                 raise root_cause([e for e in results.values() if not e["ok"]] + [
-                    {"ok": False, "rank": r, "method": _results_method(results), "exc_type": "Abandoned",
+                    {"ok": False, "rank": r, "method": method, "exc_type": "Abandoned",
                      "pending": True, "message": f"rank {r} still running when a peer died", "traceback": ""}
                     for r in pending])
             if now >= next_watch:
@@ -303,11 +303,6 @@ class WorkerGroup:
                 name=fut.stage, title=f"{fut.method} [{fut.spec.mode_name}]", global_rows=fut.global_rows,
                 per_rank_rows=None if per_rank in (None, -1) else per_rank,
                 formula=f"dispatched by {fut.spec.mode_name} over {self.world_size} ranks", where="labkit.controller"))
-
-
-def _results_method(results: dict[int, dict]) -> str | None:
-    """The method named by any envelope (for the envelopes of ranks that never answered)."""
-    return next((e.get("method") for e in results.values() if e.get("method")), None)
 
 
 def _pick_launcher(launcher: str) -> str:

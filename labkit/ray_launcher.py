@@ -116,7 +116,7 @@ def start_ray(num_cpus: int) -> bool:
     """Start a quiet local Ray (or join RAY_ADDRESS) unless one is connected; True when the caller holds a share of
     a connection labkit made (then it must call stop_ray once). A Ray the user started is never held, and the
     connection labkit made is shut down only when its last holder stops: two worker groups may share it."""
-    global _HOLDERS
+    global _HOLDERS, _SESSION_DIR
     ray = import_ray()
     if ray.is_initialized():
         if _HOLDERS > 0:
@@ -126,7 +126,6 @@ def start_ray(num_cpus: int) -> bool:
     _HOLDERS = 0  # a labkit-made connection shut down behind labkit's back leaves no holders
     _connect(ray, num_cpus)
     _HOLDERS = 1
-    global _SESSION_DIR
     _SESSION_DIR = None if os.environ.get("RAY_ADDRESS") else _session_dir(ray)
     return True
 
@@ -209,10 +208,9 @@ def _lean_head() -> Iterator[None]:
 
 def stop_ray() -> None:
     """Give back one share of the Ray connection labkit made (start_ray returned True); the last one shuts it down."""
-    global _HOLDERS
+    global _HOLDERS, _SESSION_DIR
     _HOLDERS = max(0, _HOLDERS - 1)
     if _HOLDERS == 0:
-        global _SESSION_DIR
         ray = import_ray()
         if ray.is_initialized():
             ray.shutdown()
