@@ -1,6 +1,6 @@
 # verl Batch Lab — two entry points on a fresh machine (Python 3.11, no GPU):
 #   make lab    set up .venv if needed, install, open JupyterLab on 127.0.0.1 at the first notebook
-#   make test   set up / update .venv and run every test
+#   make test   set up / update .venv, lint (ruff), run every test (the layer contract included)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -17,7 +17,7 @@ export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: lab test venv bench clean
+.PHONY: lab test lint venv bench clean
 
 venv: $(STAMP)
 
@@ -29,15 +29,19 @@ $(STAMP): pyproject.toml Makefile
 	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) beside it.
 	$(PIP) install --no-deps verl==0.9.1
 	@test -d $(ORACLE_071)/verl || $(PIP) install --no-deps --target $(ORACLE_071) verl==0.7.1
-	$(PY) -m labkit.jupyter_settings $(VENV)
+	$(PY) -m labkit.ui.jupyter_settings $(VENV)
 	@touch $(STAMP)
 
 lab: venv
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ip=127.0.0.1 --port=$(LAB_PORT) \
 		--ServerApp.root_dir=$(CURDIR) notebooks/01_four_layers.ipynb
 
-test: venv
+test: venv lint
 	$(PY) -m pytest -q tests
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: venv
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -1,4 +1,4 @@
-"""labkit.balance vs verl 0.9.1 seqlen_balancing: speed and identical partitions, plus the planner's DP micro-batching.
+"""labkit.balance.balance_batch vs verl 0.9.1 seqlen_balancing: speed and identical partitions, plus the planner's DP micro-batching.
 
 Run: .venv/bin/python benchmarks/bench_balance.py [--reps N]. Exits 1 if any partition differs from verl's.
 Times are the best of N interleaved runs in CPU time of this process (time.process_time: everything here is
@@ -15,10 +15,11 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from labkit import balance
-from labkit.microbatch import PROFILES, plan_dp_micro_batches
+from labkit.balance import balance_batch as balance
+from labkit.balance.micro_batches import PROFILES, plan_dp_micro_batches
 
 CASES = [  # (items, k_partitions, equal_size): _balance_batch-like (equal) and micro-batch-like (free) shapes
     (720, 6, True),
@@ -48,8 +49,9 @@ def best_of(fns: dict[str, Callable[[], Any]], reps: int, gc_off: bool) -> tuple
 
 def response_lengths(rng: random.Random, n: int) -> list[int]:
     """Prompt + response lengths with a long tail and some exact repeats (ties matter for KK)."""
-    return [rng.choice([512 + rng.randint(1, 4096), 512 + int(rng.paretovariate(1.5) * 200) % 8192, 1024])
-            for _ in range(n)]
+    return [
+        rng.choice([512 + rng.randint(1, 4096), 512 + int(rng.paretovariate(1.5) * 200) % 8192, 1024]) for _ in range(n)
+    ]
 
 
 def main() -> int:
@@ -68,8 +70,10 @@ def main() -> int:
     print(f"{'case':<24}{'labkit ms':>11}{'verl ms':>11}{'ratio':>8}{'ratio (gc on)':>15}  identical")
     for n, k, equal in CASES:
         workloads = balance.calculate_workload(response_lengths(rng, n))
-        fns = {"labkit": lambda: balance.get_seqlen_balanced_partitions(workloads, k, equal),
-               "verl": lambda: verl_sb.get_seqlen_balanced_partitions(workloads, k, equal)}
+        fns = {
+            "labkit": lambda: balance.get_seqlen_balanced_partitions(workloads, k, equal),
+            "verl": lambda: verl_sb.get_seqlen_balanced_partitions(workloads, k, equal),
+        }
         reps = args.reps if n > 4096 else 4 * args.reps  # small cases are quick: more rounds, steadier minimum
         t, out = best_of(fns, reps, gc_off=True)
         t_on, _ = best_of(fns, reps, gc_off=False)
@@ -77,25 +81,37 @@ def main() -> int:
         same &= balance.karmarkar_karp(workloads, k, equal) == verl_sb.karmarkar_karp(workloads, k, equal)
         all_identical &= same
         name = f"N={n} k={k} {'equal' if equal else 'free'}"
-        print(f"{name:<24}{t['labkit'] * 1e3:>11.2f}{t['verl'] * 1e3:>11.2f}{t['verl'] / t['labkit']:>7.1f}x"
-              f"{t_on['verl'] / t_on['labkit']:>14.1f}x  identical: {same}")
+        print(
+            f"{name:<24}{t['labkit'] * 1e3:>11.2f}{t['verl'] * 1e3:>11.2f}{t['verl'] / t['labkit']:>7.1f}x"
+            f"{t_on['verl'] / t_on['labkit']:>14.1f}x  identical: {same}"
+        )
 
     per_rank = [response_lengths(rng, 256) for _ in range(64)]
     for profile in PROFILES:
         t, out = best_of({"plan": lambda: plan_dp_micro_batches(per_rank, 16384, profile=profile)}, args.reps, True)
         t_plan, plans = t["plan"], out["plan"]
         counts = {p.num_micro_batches for p in plans}
-        print(f"planner: dynamic micro-batching, 64 ranks x 256 seqs ({profile}): {t_plan * 1e3:.1f} ms, "
-              f"micro-batches per rank {sorted(counts)}")
+        print(
+            f"planner: dynamic micro-batching, 64 ranks x 256 seqs ({profile}): {t_plan * 1e3:.1f} ms, "
+            f"micro-batches per rank {sorted(counts)}"
+        )
     plan_figures(args.reps)
     print("all identical:", all_identical)
     return 0 if all_identical else 1
 
 
-PLAN_16K = ["data.train_batch_size=1024", "actor_rollout_ref.rollout.n=16", "trainer.n_gpus_per_node=8",
-            "trainer.nnodes=8", "actor_rollout_ref.actor.ppo_mini_batch_size=256", "algorithm.adv_estimator=grpo",
-            "actor_rollout_ref.actor.use_kl_loss=true", "data.max_prompt_length=1024",
-            "data.max_response_length=2048", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+PLAN_16K = [
+    "data.train_batch_size=1024",
+    "actor_rollout_ref.rollout.n=16",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=2048",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+]
 
 
 def plan_figures(reps: int) -> None:
@@ -103,15 +119,19 @@ def plan_figures(reps: int) -> None:
     collector on as in a notebook: a cold plan, and a recomputation after the token budget changed (what a widget
     does: the _balance_batch result of the same lengths is reused). Goal < 100 ms. The median of many runs and the
     best are both printed: on a shared VM the same work varies up to 2x between runs."""
-    from labkit import plan_stages
-    from labkit.config import load_config
-    from labkit.lengths import lengths_for_config
-    from labkit.plan import plan
+    from labkit.config.verl_config import load_config
+    from labkit.plan import rollout_stages as plan_stages
+    from labkit.plan.step import plan
+    from labkit.rules.geometry import lengths_for_config
 
     budgets = [16384, 12288, 20480, 8192]
     for profile in PROFILES:
-        cfgs = [load_config(overrides=PLAN_16K + [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={b}"],
-                            profile=profile) for b in budgets]
+        cfgs = [
+            load_config(
+                overrides=PLAN_16K + [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={b}"], profile=profile
+            )
+            for b in budgets
+        ]
         lengths = lengths_for_config(cfgs[0], "gsm8k-like")
         for label, cold in (("cold", True), ("budget changed", False)):
             times = []
@@ -122,9 +142,11 @@ def plan_figures(reps: int) -> None:
                 tr = plan(cfgs[i % len(cfgs)], lengths)
                 times.append(time.process_time() - start)
             times.sort()
-            print(f"planner: plan() 16,384 seqs, 64 ranks, dynamic ({profile}), {label}: median "
-                  f"{times[len(times) // 2] * 1e3:.1f} ms, best {times[0] * 1e3:.1f} ms CPU "
-                  f"({len(times)} runs, budgets {budgets}; {len(tr.ranks)} rank records)")
+            print(
+                f"planner: plan() 16,384 seqs, 64 ranks, dynamic ({profile}), {label}: median "
+                f"{times[len(times) // 2] * 1e3:.1f} ms, best {times[0] * 1e3:.1f} ms CPU "
+                f"({len(times)} runs, budgets {budgets}; {len(tr.ranks)} rank records)"
+            )
 
 
 if __name__ == "__main__":

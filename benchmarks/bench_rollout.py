@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from labkit import live_rollout  # noqa: E402
+from labkit.trainer import live_rollout  # noqa: E402
 
 
 def load() -> float:
@@ -36,9 +36,15 @@ def cpu_s(pid: int) -> float:
 
 def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str, repeats: int) -> dict:
     """One group: bring-up figures, then per dispatch the median of `repeats` rollouts (a warm-up run first)."""
-    cfg = live_rollout.rollout_config([f"trainer.n_gpus_per_node={world}", f"data.train_batch_size={prompts}",
-                                       f"actor_rollout_ref.rollout.n={n}", f"data.max_response_length={tokens}",
-                                       f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
+    cfg = live_rollout.rollout_config(
+        [
+            f"trainer.n_gpus_per_node={world}",
+            f"data.train_batch_size={prompts}",
+            f"actor_rollout_ref.rollout.n={n}",
+            f"data.max_response_length={tokens}",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+        ]
+    )
     row: dict = {"world": world, "tp": tp, "rows": prompts * n, "max_new_tokens": tokens, "load_before": load()}
     t0 = time.perf_counter()
     owned = live_rollout.hold_ray(max(4, world)) if launcher == "ray" else False
@@ -83,19 +89,24 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
     t_ray = time.perf_counter()
-    results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "launcher": args.launcher},
-               "runs": []}
+    results = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "launcher": args.launcher},
+        "runs": [],
+    }
     for tp in args.tp:
         row = bench(args.world, tp, args.prompts, args.n, args.tokens, args.launcher, args.repeats)
         results["runs"].append(row)
-        print(f"W={row['world']} TP={tp}: ray init {row['ray_init_s']:.1f} s, group up {row['group_up_s']:.1f} s + "
-              f"init_model {row['init_model_s']:.1f} s = {row['up_total_s']:.1f} s; "
-              f"rollout {row['rows']} rows x {row['max_new_tokens']} tokens: mesh "
-              f"{row['rollout_mesh_s']:.2f} s ({row['new_tokens_mesh']} new tokens), all_gather "
-              f"{row['rollout_all_gather_s']:.2f} s; stopping at EOS (mesh) {row['rollout_mesh_eos_s']:.2f} s "
-              f"({row['new_tokens_mesh_eos']} new tokens); close {row['close_s']:.1f} s; "
-              f"left {row['cleanup']['left_pids']}; rank CPU s: up {row['rank_cpu_up_s']}, rollout "
-              f"{row['rank_cpu_mesh_s']}; load {row['load_before']:.1f}->{row['load_after']:.1f}", flush=True)
+        print(
+            f"W={row['world']} TP={tp}: ray init {row['ray_init_s']:.1f} s, group up {row['group_up_s']:.1f} s + "
+            f"init_model {row['init_model_s']:.1f} s = {row['up_total_s']:.1f} s; "
+            f"rollout {row['rows']} rows x {row['max_new_tokens']} tokens: mesh "
+            f"{row['rollout_mesh_s']:.2f} s ({row['new_tokens_mesh']} new tokens), all_gather "
+            f"{row['rollout_all_gather_s']:.2f} s; stopping at EOS (mesh) {row['rollout_mesh_eos_s']:.2f} s "
+            f"({row['new_tokens_mesh_eos']} new tokens); close {row['close_s']:.1f} s; "
+            f"left {row['cleanup']['left_pids']}; rank CPU s: up {row['rank_cpu_up_s']}, rollout "
+            f"{row['rank_cpu_mesh_s']}; load {row['load_before']:.1f}->{row['load_after']:.1f}",
+            flush=True,
+        )
     results["wall_s"] = time.perf_counter() - t_ray
     if args.json:
         with open(args.json, "w") as f:

@@ -16,10 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from labkit.controller import WorkerGroup  # noqa: E402
-from labkit.protocol import DataProto  # noqa: E402
-from labkit.ray_launcher import import_ray, ray_available  # noqa: E402
-from labkit.workers_demo import DemoWorker  # noqa: E402
+from labkit.protocol.data_proto import DataProto  # noqa: E402
+from labkit.runtime.demo_worker import DemoWorker  # noqa: E402
+from labkit.runtime.ray_launcher import import_ray, ray_available  # noqa: E402
+from labkit.runtime.worker_group import WorkerGroup  # noqa: E402
 
 
 def load() -> str:
@@ -39,7 +39,7 @@ def bench(launcher: str, world: int, rows: int, repeats: int) -> dict[str, float
     t0 = time.perf_counter()
     ray_init = 0.0
     if launcher == "ray":
-        from labkit.ray_launcher import start_ray
+        from labkit.runtime.ray_launcher import start_ray
 
         start_ray(num_cpus=max(4, world))
         ray_init = time.perf_counter() - t0
@@ -49,16 +49,23 @@ def bench(launcher: str, world: int, rows: int, repeats: int) -> dict[str, float
     rank_cpu = [cpu_seconds(p) for p in wg.pids]
     try:
         mask = torch.ones(rows, 256, dtype=torch.long)
-        data = DataProto.from_dict(tensors={"row_id": torch.arange(rows), "attention_mask": mask,
-                                            "input_ids": torch.randint(0, 500, (rows, 256))})
+        data = DataProto.from_dict(
+            tensors={
+                "row_id": torch.arange(rows),
+                "attention_mask": mask,
+                "input_ids": torch.randint(0, 500, (rows, 256)),
+            }
+        )
         first = time.perf_counter()
         wg.echo(0)
         first = time.perf_counter() - first
         trips = {}
-        for name, call in (("echo (ONE_TO_ALL, tiny)", lambda: wg.echo(0)),
-                           ("all_reduce_rank (gloo)", wg.all_reduce_rank),
-                           (f"compute (DP_COMPUTE_PROTO, {rows}x256 x2 int64)", lambda: wg.compute(data)),
-                           (f"actor_compute (mesh 'actor', {rows} rows)", lambda: wg.actor_compute(data))):
+        for name, call in (
+            ("echo (ONE_TO_ALL, tiny)", lambda: wg.echo(0)),
+            ("all_reduce_rank (gloo)", wg.all_reduce_rank),
+            (f"compute (DP_COMPUTE_PROTO, {rows}x256 x2 int64)", lambda: wg.compute(data)),
+            (f"actor_compute (mesh 'actor', {rows} rows)", lambda: wg.actor_compute(data)),
+        ):
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
@@ -73,10 +80,17 @@ def bench(launcher: str, world: int, rows: int, repeats: int) -> dict[str, float
         if launcher == "ray":
             import_ray().shutdown()
         shutdown = time.perf_counter() - t3
-    return {"ray_init": ray_init, "group_up": up, "bring_up_total": ray_init + up,
-            "rank CPU-seconds at ready (sum)": sum(rank_cpu), "rank CPU-seconds at ready (max)": max(rank_cpu),
-            "first_call": first,
-            **trips, "close": close, "ray_shutdown": shutdown}
+    return {
+        "ray_init": ray_init,
+        "group_up": up,
+        "bring_up_total": ray_init + up,
+        "rank CPU-seconds at ready (sum)": sum(rank_cpu),
+        "rank CPU-seconds at ready (max)": max(rank_cpu),
+        "first_call": first,
+        **trips,
+        "close": close,
+        "ray_shutdown": shutdown,
+    }
 
 
 def main() -> None:
@@ -92,16 +106,19 @@ def main() -> None:
         launchers.remove("ray")
     print(f"machine: {os.cpu_count()} CPUs, load average {load()} at start; world size {args.world}")
     # local twice: the first group starts the fork server (one torch/tensordict import), the second reuses it
-    runs = [(lab, lab) for lab in launchers if lab == "ray"] + \
-        [("local", "local-cold"), ("local", "local-warm")] * ("local" in launchers)
+    runs = [(lab, lab) for lab in launchers if lab == "ray"] + [("local", "local-cold"), ("local", "local-warm")] * (
+        "local" in launchers
+    )
     for launcher, label in runs:
         figures = bench(launcher, args.world, args.rows, args.repeats)
         for name, value in figures.items():
             unit = f"{value * 1e3:8.1f} ms" if value < 1 else f"{value:8.2f} s "
             print(f"{label:10s} {name:48s} {unit}")
         goal = figures["bring_up_total"]
-        print(f"{label:10s} {'bring-up goal < 10 s':48s} {'met' if goal < 10 else 'NOT met'} ({goal:.1f} s, "
-              f"load average now {load()})")
+        print(
+            f"{label:10s} {'bring-up goal < 10 s':48s} {'met' if goal < 10 else 'NOT met'} ({goal:.1f} s, "
+            f"load average now {load()})"
+        )
 
 
 if __name__ == "__main__":

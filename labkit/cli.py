@@ -1,5 +1,6 @@
-"""Command line: ``labkit plan`` (the pipeline at a glance, per stage and per rank) and ``labkit check`` (verl's
-verdict on a config). Pure arithmetic, no processes. Run as ``labkit ...`` or ``python -m labkit.cli ...``.
+"""Command line: ``labkit plan`` (the pipeline at a glance, per stage and per rank), ``labkit check`` (verl's
+verdict on a config) and ``labkit explain CODE`` (one entry of the error catalogue, docs/errors.md). Pure arithmetic,
+no processes. Run as ``labkit ...`` or ``python -m labkit.cli ...``.
 
 Exit codes: 0 fine, 1 verl would fail on this config (``check``), 2 labkit cannot read the input (unknown key,
 wrong type, malformed YAML, bad --lengths); never a traceback for those.
@@ -9,34 +10,57 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from labkit.config import ConfigError, load_config
-from labkit.lengths import LengthsError, parse_lengths
+from labkit.config.lengths import LengthsError, parse_lengths
+from labkit.config.verl_config import ConfigError, load_config
 from labkit.trace import RankRecord, StepTrace
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description="verl Batch Lab: plan and check verl batch configs.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, doc in (("plan", "what every rank holds at every stage of one training step"),
-                      ("check", "verl's verdict on a config: exact error, when, the arithmetic, the fixes")):
+    for name, doc in (
+        ("plan", "what every rank holds at every stage of one training step"),
+        ("check", "verl's verdict on a config: exact error, when, the arithmetic, the fixes"),
+    ):
         s = sub.add_parser(name, help=doc, description=doc)
-        s.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
-                       help="optional verl-style YAML, then Hydra-style overrides (key=value, ~key)")
-        s.add_argument("--profile", choices=("legacy", "engine"), default="engine",
-                       help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)")
+        s.add_argument(
+            "args",
+            nargs="*",
+            metavar="[CONFIG.yaml] [key=value ...]",
+            help="optional verl-style YAML, then Hydra-style overrides (key=value, ~key)",
+        )
+        s.add_argument(
+            "--profile",
+            choices=("legacy", "engine"),
+            default="engine",
+            help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)",
+        )
         if name == "plan":
             s.add_argument("--json", action="store_true", help="print StepTrace.to_json() instead of tables")
-            s.add_argument("--lengths", default=None,
-                           help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,...")
-            s.add_argument("--dispatch", choices=("mesh", "all_gather"), default="mesh",
-                           help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather")
+            s.add_argument(
+                "--lengths",
+                default=None,
+                help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,...",
+            )
+            s.add_argument(
+                "--dispatch",
+                choices=("mesh", "all_gather"),
+                default="mesh",
+                help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather",
+            )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
+    doc = "what an error code means: verl's message, exception, where, versions, when, why"
+    s = sub.add_parser("explain", help=doc, description=doc)
+    s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
+    s.add_argument("--markdown", action="store_true", help="print the whole catalogue as docs/errors.md")
     return p
 
 
@@ -59,9 +83,16 @@ def _span(values: list) -> str:
 
 
 def _rank_key(r: RankRecord) -> tuple:
-    return (r.rows, r.tokens, r.padded_tokens, tuple(m.rows for m in r.micro_batches),
-            tuple(m.tokens for m in r.micro_batches), tuple(r.mini_batches), tuple(sorted(r.collectives.items())),
-            r.tp_rank if r.stage == "generate" else None)
+    return (
+        r.rows,
+        r.tokens,
+        r.padded_tokens,
+        tuple(m.rows for m in r.micro_batches),
+        tuple(m.tokens for m in r.micro_batches),
+        tuple(r.mini_batches),
+        tuple(sorted(r.collectives.items())),
+        r.tp_rank if r.stage == "generate" else None,
+    )
 
 
 def _rank_groups(recs: list[RankRecord]) -> list[list[RankRecord]]:
@@ -96,8 +127,15 @@ def _micro_text(r: RankRecord) -> str:
 def stage_table(tr: StepTrace) -> Table:
     """One row per stage: global count, per-rank rows, micro-batches per rank, tokens per rank, the rule."""
     t = Table(title=f"Pipeline at a glance ({tr.profile} profile)", show_lines=False)
-    for col, just in (("#", "right"), ("stage", "left"), ("global", "right"), ("per rank", "right"),
-                      ("micro-batches / rank", "right"), ("tokens / rank", "right"), ("rule", "left")):
+    for col, just in (
+        ("#", "right"),
+        ("stage", "left"),
+        ("global", "right"),
+        ("per rank", "right"),
+        ("micro-batches / rank", "right"),
+        ("tokens / rank", "right"),
+        ("rule", "left"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for i, s in enumerate(tr.stages, 1):
         recs = tr.at(s.name)
@@ -113,9 +151,16 @@ def stage_table(tr: StepTrace) -> Table:
 def rank_table(tr: StepTrace) -> Table:
     """Per-rank rows per stage, consecutive identical ranks grouped."""
     t = Table(title="Per rank (identical consecutive ranks grouped)")
-    for col, just in (("stage", "left"), ("ranks", "left"), ("dp/tp/sp", "left"), ("rows", "right"),
-                      ("tokens", "right"), ("micro-batches", "left"), ("mini-batches (rows)", "left"),
-                      ("collectives", "left")):
+    for col, just in (
+        ("stage", "left"),
+        ("ranks", "left"),
+        ("dp/tp/sp", "left"),
+        ("rows", "right"),
+        ("tokens", "right"),
+        ("micro-batches", "left"),
+        ("mini-batches (rows)", "left"),
+        ("collectives", "left"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for s in tr.stages:
         for group in _rank_groups(tr.at(s.name)):
@@ -124,8 +169,16 @@ def rank_table(tr: StepTrace) -> Table:
             coords = "/".join(_coord([getattr(g, f) for g in group]) for f in ("dp_rank", "tp_rank", "sp_rank"))
             coll = ", ".join(f"{k}×{v}" for k, v in r.collectives.items()) or "—"
             mini = ", ".join(str(x) for x in r.mini_batches) or "—"
-            t.add_row(s.name, ranks, coords, f"{r.rows:,}", "—" if r.tokens is None else f"{r.tokens:,}",
-                      _micro_text(r), mini, escape(coll))
+            t.add_row(
+                s.name,
+                ranks,
+                coords,
+                f"{r.rows:,}",
+                "—" if r.tokens is None else f"{r.tokens:,}",
+                _micro_text(r),
+                mini,
+                escape(coll),
+            )
     return t
 
 
@@ -163,8 +216,12 @@ def summary_table(tr: StepTrace) -> Table:
         rows.append(("validate", "[green]verl accepts this config[/green]"))
     for f in s.get("findings") or []:
         if f.get("code") == "V1":  # the engine profile models the v0 loop; say what 0.9.1's default v1 loop does
-            rows.append(("[yellow]note: trainer.use_v1=true[/yellow]", "; ".join(f["arithmetic"][1:3]) +
-                         " (0.9.1's default loop; labkit models trainer.use_v1=false)"))
+            rows.append(
+                (
+                    "[yellow]note: trainer.use_v1=true[/yellow]",
+                    "; ".join(f["arithmetic"][1:3]) + " (0.9.1's default loop; labkit models trainer.use_v1=false)",
+                )
+            )
     for k, v in rows:
         t.add_row(k, "—" if v is None else (v if isinstance(v, str) and v.startswith("[green]") else escape(str(v))))
     return t
@@ -175,7 +232,7 @@ def _console() -> Console:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from labkit.plan import plan
+    from labkit.plan.step import plan
 
     cfg = _config(ns.args, ns.profile)
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
@@ -201,13 +258,22 @@ def _print_finding(con: Console, f: Any) -> None:
         con.print(f"  why:   {g('explanation')}", markup=False)
     for fix in g("fixes") or []:
         con.print(f"  fix:   {fix}", markup=False)
+    _print_docs(con, g("code"))
+
+
+def _print_docs(con: Console, code: Any) -> None:
+    """The link to a code's section of docs/errors.md (codes without a catalogue entry get none)."""
+    from labkit.rules.catalogue import catalogue
+
+    if code in catalogue():
+        con.print(f"  docs:  {catalogue()[code].anchor}", markup=False)
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from labkit.plan import plan
+    from labkit.plan.step import plan
 
     cfg = _config(ns.args, ns.profile)
-    from labkit.validate import check
+    from labkit.validate.report import check
 
     report = check(cfg)
     con = _console()
@@ -225,6 +291,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         con.print(f"verl accepts the config, then stops during the first step ({cfg.profile} profile):")
         for stage, err in errors.items():
             con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
+            _print_docs(con, err["code"])
         return 1
     con.print(f"[green]verl accepts this config[/green] ({cfg.profile} profile).")
     for f in notes:
@@ -238,11 +305,33 @@ def _print_note(con: Console, f: Any) -> None:
     if not f.message:
         for line in f.arithmetic:
             con.print(f"    {line}", markup=False)
+    _print_docs(con, f.code)
+
+
+def cmd_explain(ns: argparse.Namespace) -> int:
+    """Print one catalogue entry (plain text), every code with its title, or the whole catalogue as Markdown."""
+    from labkit.rules.catalogue import catalogue, render_markdown, render_text
+
+    if ns.markdown:
+        print(render_markdown(), end="")
+        return 0
+    if ns.code is None:
+        for e in catalogue().values():
+            print(f"{e.code:<4} {e.title}")
+        return 0
+    code = ns.code.strip().upper()
+    if code not in catalogue():
+        print(f"labkit: unknown code {ns.code!r}; known: {', '.join(catalogue())}", file=sys.stderr)
+        return 2
+    print(render_text(code))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``labkit`` script; returns the exit code."""
     ns = _parser().parse_args(argv)
+    if ns.cmd == "explain":
+        return cmd_explain(ns)
     try:
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:

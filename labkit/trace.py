@@ -1,16 +1,17 @@
 """One record type for "what rank r holds at stage s", and one container for a whole training step.
 
-The planner (``labkit.plan``) fills a ``StepTrace`` from arithmetic; a live run fills one from what each rank
+The planner (``labkit.plan.step``) fills a ``StepTrace`` from arithmetic; a live run fills one from what each rank
 really saw. ``compare`` and the plotting functions serve both, so prediction and observation line up by design.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-# Canonical stage ids, in the order of verl's RayPPOTrainer.fit (verl-reference.md, "Pipeline at a glance").
+# Canonical stage ids, in the order of verl's RayPPOTrainer.fit (docs/pipeline.md).
 STAGES = (
     "dataloader",
     "repeat",
@@ -108,7 +109,7 @@ class StepTrace:
         return json.dumps(self.to_dict(), **kw)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepTrace":
+    def from_dict(cls, d: dict) -> StepTrace:
         ranks = []
         for r in d.get("ranks", []):
             r = dict(r)
@@ -132,7 +133,16 @@ class Mismatch:
         return f"{self.stage} rank {self.rank}: {self.field} predicted {self.predicted}, observed {self.observed}"
 
 
-COUNT_FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tokens", "mini_batches", "collectives")
+COUNT_FIELDS = (
+    "rows",
+    "tokens",
+    "padded_tokens",
+    "n_micro",
+    "micro_rows",
+    "micro_tokens",
+    "mini_batches",
+    "collectives",
+)
 
 
 def _field(r: RankRecord, name: str) -> Any:

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labkit.tiny_model import (  # noqa: E402
+from labkit.model.tiny_model import (  # noqa: E402
     MAX_RESPONSE_TOKENS,
     TINY_MODEL_DIR,
     build_config,
@@ -33,7 +33,8 @@ from labkit.tiny_model import (  # noqa: E402
     encode_example,
     generate_answers,
 )
-from labkit.tiny_task import compute_score, make_examples, sample_example  # noqa: E402
+from labkit.model.tiny_task import make_examples, sample_example  # noqa: E402
+from labkit.rl.reward import compute_score  # noqa: E402
 
 EVAL_SEED = 1_000_003  # held-out prompts: a seed the training batches never use
 MAX_EVAL_LOSS = 0.85  # stated bound on the shipped model's held-out response loss (tests/test_tiny_model.py checks it)
@@ -100,7 +101,10 @@ def eval_generation(model, tokenizer, n: int = 512, seed: int = EVAL_SEED, sampl
     exs = make_examples(n, seed)
     prompts = [ex.prompt for ex in exs]
     out: dict = {"n_prompts": n}
-    for name, kw in {"greedy": dict(do_sample=False), "sampled_t1": dict(do_sample=True, temperature=1.0, seed=sample_seed)}.items():
+    for name, kw in {
+        "greedy": dict(do_sample=False),
+        "sampled_t1": dict(do_sample=True, temperature=1.0, seed=sample_seed),
+    }.items():
         gen = {"response_ids": [], "texts": [], "lengths": [], "ended_with_eos": []}
         for i in range(0, n, 128):
             g = generate_answers(model, tokenizer, prompts[i : i + 128], **kw)
@@ -151,7 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
     )
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -166,11 +172,17 @@ def main(argv: list[str] | None = None) -> dict:
         opt.step()
         losses.append(float(loss.detach()))
         if step % 50 == 0 or step == steps - 1:
-            print(f"step {step:5d}  loss {losses[-1]:.4f}  lr {lr_at(step, args):.2e}  {time.perf_counter() - t0:6.1f}s", flush=True)
+            print(
+                f"step {step:5d}  loss {losses[-1]:.4f}  lr {lr_at(step, args):.2e}  {time.perf_counter() - t0:6.1f}s",
+                flush=True,
+            )
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < steps:
             ev = eval_generation(model, tokenizer, n=256)
-            print(f"  eval@{step + 1}: greedy {ev['greedy']['accuracy']:.3f} {ev['greedy']['accuracy_per_op']}"
-                  f"  t1 {ev['sampled_t1']['accuracy']:.3f}", flush=True)
+            print(
+                f"  eval@{step + 1}: greedy {ev['greedy']['accuracy']:.3f} {ev['greedy']['accuracy_per_op']}"
+                f"  t1 {ev['sampled_t1']['accuracy']:.3f}",
+                flush=True,
+            )
     train_s = time.perf_counter() - t0
 
     model.eval()
@@ -199,8 +211,11 @@ def main(argv: list[str] | None = None) -> dict:
         report["eval"] = eval_generation(model, tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-        max_new_tokens=MAX_RESPONSE_TOKENS, do_sample=False,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        max_new_tokens=MAX_RESPONSE_TOKENS,
+        do_sample=False,
     )
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

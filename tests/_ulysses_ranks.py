@@ -2,7 +2,7 @@
 
 One spawn of 4 gloo ranks runs every SP check: an actor mesh (dp=2, sp=2), where dp group d gets batch d (one batch
 with nnz divisible by 2, one not), then (dp=1, sp=4) on one batch (kv heads 2 < sp 4: repeated). Results go back as
-numpy / python values only (a torch tensor through an mp queue can hang the parent, environment-facts §2).
+numpy / python values only (a torch tensor through an mp queue can hang the parent).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import traceback
 import numpy as np
 import torch
 
-from labkit.ulysses_demo import report_and_exit
+from labkit.model.ulysses_demo import report_and_exit
 
 CFG = dict(
     vocab_size=256,
@@ -74,11 +74,12 @@ def to_micro(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 def grads_of_weighted_logprob(model, batch, use_remove_padding: bool = True, **kw):
     """Σ w·mask·log p over the response (a stand-in for the PPO loss), its backward: (log-probs, parameter grads)."""
-    from labkit.logprob import forward_micro_batch
+    from labkit.model.logprob import forward_micro_batch
 
     model.zero_grad(set_to_none=True)
-    lp, _ = forward_micro_batch(model, to_micro(batch), use_remove_padding=use_remove_padding,
-                                temperature=TEMPERATURE, **kw)
+    lp, _ = forward_micro_batch(
+        model, to_micro(batch), use_remove_padding=use_remove_padding, temperature=TEMPERATURE, **kw
+    )
     loss = (lp * torch.from_numpy(batch["weights"]).float() * torch.from_numpy(batch["response_mask"])).sum()
     loss.backward()
     return lp, {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -88,21 +89,29 @@ def _run_sp_case(model, batch, group, res: dict, tag: str) -> None:
     """log-probs / entropy under no_grad (chunked and naive), then grads all-reduced (avg) over the SP group."""
     import torch.distributed as dist
 
-    from labkit import dist as ldist
-    from labkit.logprob import forward_micro_batch
+    from labkit.model.logprob import forward_micro_batch
+    from labkit.runtime import dist as ldist
 
     micro = to_micro(batch)
     c0 = ldist.collective_counts()
     t0 = time.perf_counter()
     with torch.no_grad():
-        lp, ent = forward_micro_batch(model, micro, use_remove_padding=True, sp_group=group, temperature=TEMPERATURE,
-                                      calculate_entropy=True, chunked=True)
+        lp, ent = forward_micro_batch(
+            model,
+            micro,
+            use_remove_padding=True,
+            sp_group=group,
+            temperature=TEMPERATURE,
+            calculate_entropy=True,
+            chunked=True,
+        )
     res[f"{tag}/fwd_s"] = time.perf_counter() - t0
     c1 = ldist.collective_counts()
     res[f"{tag}/counts_fwd"] = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1}
     with torch.no_grad():
-        lp_naive, _ = forward_micro_batch(model, micro, use_remove_padding=True, sp_group=group,
-                                          temperature=TEMPERATURE, chunked=False)
+        lp_naive, _ = forward_micro_batch(
+            model, micro, use_remove_padding=True, sp_group=group, temperature=TEMPERATURE, chunked=False
+        )
     res[f"{tag}/lp"], res[f"{tag}/ent"], res[f"{tag}/lp_naive"] = lp.numpy(), ent.numpy(), lp_naive.numpy()
     model.train()
     t0 = time.perf_counter()
@@ -121,7 +130,8 @@ def _collective_checks(group, res: dict, tag: str) -> None:
     """SeqAllToAll against the known layout, its round trip, and Gather's ×sp gradient on the kept part."""
     import torch.distributed as dist
 
-    from labkit.ulysses import SeqAllToAll, gather_outputs_and_unpad
+    from labkit.model.ulysses import gather_outputs_and_unpad
+    from labkit.model.ulysses_communications import SeqAllToAll
 
     sp, r = dist.get_world_size(group), dist.get_rank(group)
     full = torch.arange(2 * 8 * (4 * sp) * 3, dtype=torch.float32).view(2, 8, 4 * sp, 3)  # (b, heads, seq, d)
@@ -148,8 +158,8 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
 
         res["t_import"] = time.time()
 
-        from labkit import dist as ldist
-        from labkit.ulysses import apply_ulysses_patch
+        from labkit.model.ulysses import apply_ulysses_patch
+        from labkit.runtime import dist as ldist
 
         t0 = time.perf_counter()
         ldist.init_dist(rank, world, port, timeout_s=60.0)

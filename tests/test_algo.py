@@ -1,4 +1,4 @@
-"""labkit.algo against verl: 0.9.1 in-process (engine profile), 0.7.1 in one subprocess (legacy profile), on
+"""labkit.rl.algo against verl: 0.9.1 in-process (engine profile), 0.7.1 in one subprocess (legacy profile), on
 random inputs; plus the micro-batch invariance of global denominators and the chunked log-prob's memory."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import algo
+from labkit.model import logits as logits_fn
+from labkit.rl import algo
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 verl_F = pytest.importorskip("verl.utils.torch_functional")
@@ -22,8 +23,6 @@ N_CASES = 1000
 ENGINE_MODES = algo.LOSS_AGG_MODES["engine"]
 LEGACY_MODES = algo.LOSS_AGG_MODES["legacy"]
 EXACT = dict(rtol=0, atol=0, equal_nan=True)  # same ops in the same order as verl ⇒ bit-identical
-
-
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,7 +116,7 @@ def test_grpo_advantage_matches_verl(norm: bool) -> None:
 
 
 def test_grpo_singleton_is_not_zero_and_bad_index() -> None:
-    """Worked example (§9.1): a group of one keeps mean 0, std 1 ⇒ advantage = score / (1 + 1e-6), not 0."""
+    """GRPO worked example: a group of one keeps mean 0, std 1 ⇒ advantage = score / (1 + 1e-6), not 0."""
     adv, _ = algo.grpo_outcome_advantage(torch.tensor([[0.0, 2.0]]), torch.ones(1, 2), np.array(["a"]))
     assert torch.allclose(adv, torch.full((1, 2), 2.0 / (1 + 1e-6)))
     with pytest.raises(ValueError, match="index has 1 uids but token_level_rewards has 2 rows"):
@@ -240,8 +239,8 @@ def test_entropy_and_plain_logprobs_match_verl() -> None:
     for _ in range(50):
         logits = torch.randn(3, int(torch.randint(1, 20, (1,), generator=gen)), 37, generator=gen) * 5
         labels = torch.randint(0, 37, logits.shape[:-1], generator=gen)
-        _same(algo.entropy_from_logits(logits), verl_F.entropy_from_logits(logits))
-        mine = algo.logprobs_from_logits(logits, labels)
+        _same(logits_fn.entropy_from_logits(logits), verl_F.entropy_from_logits(logits))
+        mine = logits_fn.logprobs_from_logits(logits, labels)
         _same(mine, verl_F.logprobs_from_logits_naive(logits, labels))
         # verl's CPU default (logprobs_from_logits_v2: gather − logsumexp) rounds differently: fp32 tolerance
         torch.testing.assert_close(mine, verl_F.logprobs_from_logits(logits, labels), rtol=1e-5, atol=1e-5)
@@ -252,7 +251,7 @@ def test_entropy_and_plain_logprobs_match_verl() -> None:
 
 def _naive(x: torch.Tensor, labels: torch.Tensor, temp: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     z = x if weight is None else x @ weight.T
-    return algo.logprobs_from_logits((z / temp).float(), labels)
+    return logits_fn.logprobs_from_logits((z / temp).float(), labels)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -265,7 +264,7 @@ def test_chunked_logprobs_equal_naive(dtype: torch.dtype) -> None:
         x = (torch.randn(4, 13, 211, generator=gen) * 4).to(dtype)
         labels = torch.randint(0, 211, (4, 13), generator=gen)
         a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out, ref = algo.logprobs_from_logits_chunked(a, labels, chunk, temperature=0.7), _naive(b, labels, 0.7)
+        out, ref = logits_fn.logprobs_from_logits_chunked(a, labels, chunk, temperature=0.7), _naive(b, labels, 0.7)
         assert out.dtype == torch.float32 and out.shape == labels.shape
         _same(out, ref)
         g = torch.randn(labels.shape, generator=gen)
@@ -276,7 +275,7 @@ def test_chunked_logprobs_equal_naive(dtype: torch.dtype) -> None:
         h, w = (torch.randn(52, 16, generator=gen)).to(dtype), (torch.randn(211, 16, generator=gen) / 4).to(dtype)
         flat = labels.reshape(-1)
         h1, w1, h2, w2 = (t.clone().requires_grad_() for t in (h, w, h, w))
-        out = algo.logprobs_from_logits_chunked(h1, flat, chunk, lm_head_weight=w1, temperature=0.7)
+        out = logits_fn.logprobs_from_logits_chunked(h1, flat, chunk, lm_head_weight=w1, temperature=0.7)
         ref = _naive(h2, flat, 0.7, w2)
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(out, ref, **tol)
@@ -284,7 +283,7 @@ def test_chunked_logprobs_equal_naive(dtype: torch.dtype) -> None:
         torch.testing.assert_close(h1.grad, h2.grad, **tol)
         torch.testing.assert_close(w1.grad, w2.grad, **tol)
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
-        algo.logprobs_from_logits_chunked(x, labels, 0)
+        logits_fn.logprobs_from_logits_chunked(x, labels, 0)
 
 
 def _peak_cpu_bytes(fn) -> int:
@@ -309,12 +308,12 @@ def test_chunked_logprobs_peak_temporary_is_smaller() -> None:
     x = torch.randn(n, vocab).to(torch.bfloat16)
     labels = torch.randint(0, vocab, (n,))
     naive_fwd = _peak_cpu_bytes(lambda: _naive(x, labels, 1.0))
-    chunk_fwd = _peak_cpu_bytes(lambda: algo.logprobs_from_logits_chunked(x, labels, chunk))
+    chunk_fwd = _peak_cpu_bytes(lambda: logits_fn.logprobs_from_logits_chunked(x, labels, chunk))
     assert naive_fwd >= 8 * n * vocab
     assert chunk_fwd <= 12 * chunk * vocab + 16 * n  # fp32 z + log_softmax (+ bf16 z) per chunk, row vectors
     xg = x.clone().requires_grad_()
     naive_both = _peak_cpu_bytes(lambda: _naive(xg, labels, 1.0).sum().backward())
-    chunk_both = _peak_cpu_bytes(lambda: algo.logprobs_from_logits_chunked(xg, labels, chunk).sum().backward())
+    chunk_both = _peak_cpu_bytes(lambda: logits_fn.logprobs_from_logits_chunked(xg, labels, chunk).sum().backward())
     assert chunk_both < naive_both / 2, (chunk_both, naive_both)  # only the bf16 N×V gradient is full-size
 
 
@@ -485,13 +484,15 @@ def test_legacy_matches_verl_071(legacy_oracle) -> None:
                            "global_batch_size is required when dp_size > 1"}  # fmt: skip
     kl = {c["type"]: r for c, r in zip(cases, results) if c["kind"] == "kl"}
     for name in ("k1", "k3", "low_var_kl"):  # values agree with labkit (= 0.9.1)
-        torch.testing.assert_close(torch.tensor(kl[name]["value"]),
-                                   algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name,
-                                                   profile="legacy"))
+        torch.testing.assert_close(
+            torch.tensor(kl[name]["value"]),
+            algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name, profile="legacy"),
+        )
     for name in ("k1+", "k3+"):  # 0.7.1 raises on "+" names (fixed in 0.9.1): legacy raises the same type
         assert kl[name]["error"][0] == "NotImplementedError"
-        _, err = _raised(lambda: algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name,
-                                                 profile="legacy"))
+        _, err = _raised(
+            lambda: algo.kl_penalty(torch.tensor([0.1, -2.0]), torch.tensor([0.3, 0.0]), name, profile="legacy")
+        )
         assert err is not None and err[0] == kl[name]["error"][0], err
         assert algo.kl_penalty(torch.tensor([0.1]), torch.tensor([0.3]), name, profile="engine").shape == (1,)
 
@@ -500,21 +501,22 @@ def test_legacy_matches_verl_071(legacy_oracle) -> None:
 
 
 def test_kl_in_reward_matches_verl_apply_kl_penalty() -> None:
-    """labkit.reward.apply_kl_penalty + controllers vs verl 0.9.1's ray_trainer.apply_kl_penalty (compiled from its
+    """labkit.rl.reward.apply_kl_penalty + controllers vs verl 0.9.1's ray_trainer.apply_kl_penalty (compiled from its
     source: ray_trainer.py needs torchdata to import) and core_algos.get_kl_controller, 3 steps per controller."""
     from _oracle_legacy import load_function
     from verl import DataProto as VerlDataProto
     from verl.trainer.config import KLControlConfig
 
-    from labkit import reward
+    from labkit.rl import reward
 
     ns = {"core_algos": core_algos, "masked_mean": verl_F.masked_mean, "torch": torch, "DataProto": VerlDataProto}
     verl_apply = load_function(Path(core_algos.__file__).with_name("ray_trainer.py"), "apply_kl_penalty", ns)
     rng = np.random.default_rng(11)
     for ctrl_type, kind in (("fixed", "kl"), ("adaptive", "low_var_kl"), ("adaptive", "k3+"), ("fixed", "mse")):
         coef, target, horizon = float(rng.uniform(0.01, 0.5)), float(rng.uniform(0.01, 0.2)), int(rng.integers(5, 50))
-        theirs_ctrl = core_algos.get_kl_controller(KLControlConfig(type=ctrl_type, kl_coef=coef, target_kl=target,
-                                                                   horizon=horizon))
+        theirs_ctrl = core_algos.get_kl_controller(
+            KLControlConfig(type=ctrl_type, kl_coef=coef, target_kl=target, horizon=horizon)
+        )
         mine_ctrl = reward.kl_controller(ctrl_type, coef, target, horizon)
         for _ in range(3):
             rows, width = int(rng.integers(2, 7)), int(rng.integers(1, 6))
@@ -523,8 +525,9 @@ def test_kl_in_reward_matches_verl_apply_kl_penalty() -> None:
             old = torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32)) - 2
             ref = old + torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32))
             scores = torch.from_numpy(rng.standard_normal((rows, width)).astype(np.float32))
-            data = VerlDataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": scores,
-                                                    "old_log_probs": old, "ref_log_prob": ref})
+            data = VerlDataProto.from_dict(
+                tensors={"response_mask": mask, "token_level_scores": scores, "old_log_probs": old, "ref_log_prob": ref}
+            )
             data, theirs = verl_apply(data, kl_ctrl=theirs_ctrl, kl_penalty=kind)
             rewards, mine = reward.apply_kl_penalty(scores, old, ref, mask, mine_ctrl, kind, profile="engine")
             torch.testing.assert_close(rewards, data.batch["token_level_rewards"], **EXACT)
@@ -542,11 +545,18 @@ def test_kl_in_reward_matches_verl_apply_kl_penalty() -> None:
 
 def test_kl_controller_reads_algorithm_kl_ctrl() -> None:
     """algorithm.kl_ctrl.* reach the controller; unset: verl's YAML defaults."""
-    from labkit import reward
-    from labkit.config import load_config
+    from labkit.config.verl_config import load_config
+    from labkit.rl import reward
 
     assert reward.kl_controller_from_config(load_config()) == reward.KLController("fixed", 0.001)
-    cfg = load_config(overrides=["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-                                 "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_ctrl.target_kl=0.2",
-                                 "algorithm.kl_ctrl.horizon=100"], profile="legacy")
+    cfg = load_config(
+        overrides=[
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.kl_coef=0.05",
+            "algorithm.kl_ctrl.target_kl=0.2",
+            "algorithm.kl_ctrl.horizon=100",
+        ],
+        profile="legacy",
+    )
     assert reward.kl_controller_from_config(cfg) == reward.KLController("adaptive", 0.05, 0.2, 100)

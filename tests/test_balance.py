@@ -1,4 +1,4 @@
-"""labkit.balance against verl 0.9.1 (verl/utils/seqlen_balancing.py and RayPPOTrainer._balance_batch).
+"""labkit.balance.balance_batch against verl 0.9.1 (verl/utils/seqlen_balancing.py and RayPPOTrainer._balance_batch).
 
 Every random case is run through both; partitions (tie-breaks included), metrics and errors must be identical.
 """
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import balance as L
-from labkit import kk
+from labkit.balance import balance_batch as L
+from labkit.balance import kk
 
 V = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl 0.9.1 (test oracle) is not installed")
 
@@ -88,8 +88,9 @@ def test_array_and_tensor_inputs_match_verl(equal_size: bool) -> None:
                 assert outcome(getattr(L, fn), arr, k, equal_size) == expected, (trial, arr, k)
 
 
-@pytest.mark.parametrize(("n", "k", "equal_size"),
-                         [(720, 6, True), (1536, 64, True), (1024, 16, False), (640, 40, False)])
+@pytest.mark.parametrize(
+    ("n", "k", "equal_size"), [(720, 6, True), (1536, 64, True), (1024, 16, False), (640, 40, False)]
+)
 def test_large_inputs_match_verl(n: int, k: int, equal_size: bool) -> None:
     rng = random.Random(n)
     workloads = L.calculate_workload([rng.randint(16, 8192) for _ in range(n)])
@@ -106,7 +107,6 @@ def test_numpy_equal_size_path_agrees_with_the_python_path() -> None:
         assert kk.kk_equal_np(values, k) == kk._kk_int(values, k, equal_size=True) == L.karmarkar_karp(values, k, True)
 
 
-
 def test_lockstep_batch_kk_matches_verl() -> None:
     """kk_free_batch runs R free-size instances in lockstep on numpy rows; each instance must come out as verl's
     get_seqlen_balanced_partitions gives it (empty sets as []), on ties, zeros, k = 1 and k = N included."""
@@ -116,9 +116,14 @@ def test_lockstep_batch_kk_matches_verl() -> None:
         n = rng.choice([1, 2, 3, 5, 8, 16, 40, 64])
         k = rng.choice([1, n, rng.randint(1, n), min(n, 2)])
         kind = rng.randrange(3)
-        rows = [[rng.randint(0, 2) for _ in range(n)] if kind == 0 else
-                L.calculate_workload([rng.randint(0, 4096) for _ in range(n)]) if kind == 1 else
-                [rng.choice([100, 200, 300]) for _ in range(n)] for _ in range(rng.randint(1, 24))]
+        rows = [
+            [rng.randint(0, 2) for _ in range(n)]
+            if kind == 0
+            else L.calculate_workload([rng.randint(0, 4096) for _ in range(n)])
+            if kind == 1
+            else [rng.choice([100, 200, 300]) for _ in range(n)]
+            for _ in range(rng.randint(1, 24))
+        ]
         got = kk.kk_free_batch(np.array(rows, dtype=np.int64), k)
         for values, parts in zip(rows, got):
             want = [sorted(p) for p in V.karmarkar_karp(values, k, False)]
@@ -126,13 +131,28 @@ def test_lockstep_batch_kk_matches_verl() -> None:
             checked += 1
     assert checked > 500
 
+
 EDGE_CASES = [
-    ([5], 1, False), ([5], 1, True), ([0, 0, 0, 0], 4, True), ([0, 0, 0], 2, False), ([1, 1, 1, 1], 2, True),
-    ([7, 7, 7, 7, 7, 7], 3, False), ([3, 1, 2], 3, False), ([0, 1, 0, 1], 2, False), ([10, 0, 0, 0], 3, False),
-    ([-5, 1, 1], 2, False), ([-5, -1, 3, 1], 3, False),  # E37 via negative values
-    ([1, 2], 3, False), ([], 1, False),  # E36
+    ([5], 1, False),
+    ([5], 1, True),
+    ([0, 0, 0, 0], 4, True),
+    ([0, 0, 0], 2, False),
+    ([1, 1, 1, 1], 2, True),
+    ([7, 7, 7, 7, 7, 7], 3, False),
+    ([3, 1, 2], 3, False),
+    ([0, 1, 0, 1], 2, False),
+    ([10, 0, 0, 0], 3, False),
+    ([-5, 1, 1], 2, False),
+    ([-5, -1, 3, 1], 3, False),  # E37 via negative values
+    ([1, 2], 3, False),
+    ([], 1, False),  # E36
     ([1, 2, 3], 2, True),  # E38
-    ([1, 2], 0, False), ([1, 2], 0, True), ([1, 2], -1, True), ([1, 2, 3], -2, True), ([], 0, False), ([], 1, True),
+    ([1, 2], 0, False),
+    ([1, 2], 0, True),
+    ([1, 2], -1, True),
+    ([1, 2, 3], -2, True),
+    ([], 0, False),
+    ([], 1, True),
 ]
 
 
@@ -144,14 +164,18 @@ def test_edge_cases_and_bad_inputs_match_verl(values: list, k: int, equal_size: 
 
 def test_error_messages_are_verls() -> None:
     assert outcome(L.get_seqlen_balanced_partitions, [1, 2], 3, False) == (
-        "AssertionError", "number of items:[2] < k_partitions:[3]")
+        "AssertionError",
+        "number of items:[2] < k_partitions:[3]",
+    )
     assert outcome(L.get_seqlen_balanced_partitions, [1, 2, 3], 2, True) == ("AssertionError", "3 % 2 != 0")
     assert outcome(L.get_seqlen_balanced_partitions, [-5, 1, 1], 2, False) == (
-        "AssertionError", "the 0-th partition is empty")
+        "AssertionError",
+        "the 0-th partition is empty",
+    )
 
 
 def test_seed_example_trace() -> None:
-    """verl-reference §11.3: KK over the 8 workloads with k=3 gives {6,4} / {2,7,5} / {0,3,1}."""
+    """The 8-sample example: KK over the 8 workloads with k=3 gives {6,4} / {2,7,5} / {0,3,1}."""
     lens = [800, 6500, 1200, 4000, 9000, 2500, 1500, 7500]
     assert L.karmarkar_karp(L.calculate_workload(lens), 3, False) == [[6, 4], [2, 7, 5], [0, 3, 1]]
 
@@ -166,9 +190,15 @@ def test_calculate_workload_keeps_dtypes() -> None:
 
 
 def test_log_seqlen_unbalance_example() -> None:
-    """verl-reference §5 step 7, executed in verl."""
-    want = {"global_seqlen/min": 30, "global_seqlen/max": 70, "global_seqlen/minmax_diff": 40,
-            "global_seqlen/balanced_min": 50, "global_seqlen/balanced_max": 50, "global_seqlen/mean": 50.0}
+    """log_seqlen_unbalance on lengths [10, 20, 30, 40] and partitions [[0, 3], [1, 2]], executed in verl."""
+    want = {
+        "global_seqlen/min": 30,
+        "global_seqlen/max": 70,
+        "global_seqlen/minmax_diff": 40,
+        "global_seqlen/balanced_min": 50,
+        "global_seqlen/balanced_max": 50,
+        "global_seqlen/mean": 50.0,
+    }
     got = L.log_seqlen_unbalance([10, 20, 30, 40], [[0, 3], [1, 2]], "global_seqlen")
     assert got == want == V.log_seqlen_unbalance([10, 20, 30, 40], [[0, 3], [1, 2]], "global_seqlen")
     assert L.balance_batch([10, 20, 30, 40], 2).metrics == want
@@ -189,21 +219,31 @@ def _compile_balance_batch(tensor_workloads: bool):
 
     workload = V.calculate_workload if tensor_workloads else (lambda t: V.calculate_workload(t).tolist())
     path = Path(V.__file__).parents[1] / "trainer" / "ppo" / "ray_trainer.py"
-    namespace = {"torch": torch, "np": np, "DataProto": DataProto, "calculate_workload": workload,
-                 "get_seqlen_balanced_partitions": V.get_seqlen_balanced_partitions,
-                 "log_seqlen_unbalance": V.log_seqlen_unbalance}
+    namespace = {
+        "torch": torch,
+        "np": np,
+        "DataProto": DataProto,
+        "calculate_workload": workload,
+        "get_seqlen_balanced_partitions": V.get_seqlen_balanced_partitions,
+        "log_seqlen_unbalance": V.log_seqlen_unbalance,
+    }
     method = load_function(path, "_balance_batch", namespace, cls="RayPPOTrainer")
 
     def run(seqlens, dp_size, keep_minibatch=False, mini=None, prefix=False, uids=None):
         width = max(seqlens) + 3
         mask = torch.arange(width)[None, :] < torch.tensor(seqlens).reshape(-1, 1)  # bool: its row sums are int64
-        batch = SimpleNamespace(batch={"attention_mask": mask}, rows=torch.arange(len(seqlens)),
-                                non_tensor_batch={"uid": np.array(uids, dtype=object)} if uids is not None else {})
+        batch = SimpleNamespace(
+            batch={"attention_mask": mask},
+            rows=torch.arange(len(seqlens)),
+            non_tensor_batch={"uid": np.array(uids, dtype=object)} if uids is not None else {},
+        )
         batch.reorder = lambda idx: setattr(batch, "rows", batch.rows[idx])  # what DataProto.reorder does to rows
-        trainer = SimpleNamespace(_get_dp_size=lambda wg, role: dp_size, actor_rollout_wg=None,
-                                  use_prefix_grouper=prefix,
-                                  config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(
-                                      actor={"ppo_mini_batch_size": mini})))
+        trainer = SimpleNamespace(
+            _get_dp_size=lambda wg, role: dp_size,
+            actor_rollout_wg=None,
+            use_prefix_grouper=prefix,
+            config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor={"ppo_mini_batch_size": mini})),
+        )
         metrics: dict = {}
         method(trainer, batch, metrics, keep_minibatch=keep_minibatch)
         return batch.rows.tolist(), metrics
@@ -217,8 +257,9 @@ def verl_balance_batch():
 
 
 def _labkit_balance(seqlens, dp_size, keep_minibatch=False, mini=None, prefix=False, uids=None):
-    res = L.balance_batch(seqlens, dp_size, keep_minibatch=keep_minibatch, ppo_mini_batch_size=mini,
-                          use_prefix_grouper=prefix, uids=uids)
+    res = L.balance_batch(
+        seqlens, dp_size, keep_minibatch=keep_minibatch, ppo_mini_batch_size=mini, use_prefix_grouper=prefix, uids=uids
+    )
     assert res.global_idx == [i for part in res.partitions for i in part]
     return res.global_idx, res.metrics
 
@@ -234,7 +275,6 @@ def test_balance_batch_matches_verl(verl_balance_batch) -> None:
         assert sorted(rows) == list(range(n))  # a permutation, one equal chunk per rank
 
 
-
 def test_balance_batch_on_many_ranks_matches_verl(verl_balance_batch) -> None:
     """dp >= 48 takes the numpy path (equal-size KK on int64 rows, vectorized in-rank order); same as verl."""
     rng = random.Random(48)
@@ -242,6 +282,7 @@ def test_balance_batch_on_many_ranks_matches_verl(verl_balance_batch) -> None:
         dp = rng.choice([48, 64, 96])
         seqlens = [rng.choice([rng.randint(1, 4096), rng.randint(1, 3), 512]) for _ in range(dp * rng.randint(1, 6))]
         assert outcome(_labkit_balance, seqlens, dp) == outcome(verl_balance_batch, seqlens, dp), dp
+
 
 def test_balance_batch_tensor_path_matches_verl() -> None:
     verl_tensor_path = _compile_balance_batch(tensor_workloads=True)

@@ -1,15 +1,17 @@
-"""labkit.config: verl-style YAML + Hydra-style overrides, verl's defaults and interpolations, clear errors."""
+"""labkit.config.verl_config: verl-style YAML + Hydra-style overrides, verl's defaults and interpolations, clear errors."""
 
 import pytest
 
-from labkit.config import SEED_EXAMPLE, ConfigError, load_config
+from labkit.config.verl_config import SEED_EXAMPLE, ConfigError, load_config
 
 
 def test_defaults_and_interpolations_follow_verl():
     cfg = load_config()
     assert cfg.get("data.train_batch_size") == 1024 and cfg.n_gpus == 8
     # ${oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false} and friends follow until set explicitly
-    cfg.override(["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"])
+    cfg.override(
+        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]
+    )
     assert cfg.get("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz") is True
     assert cfg.get("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu") == 4096
     cfg.override(["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=2048"])
@@ -30,18 +32,21 @@ def test_profiles_differ_where_verl_yaml_differs():
         load_config(profile="v0.3")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.nn=3", "Did you mean 'actor_rollout_ref.rollout.n'"),
-    ("data.train_batch_size=-1", "must be >= 1"),
-    ("data.train_batch_size=0", "must be >= 1"),
-    ("data.train_batch_size=abc", "expects int"),
-    ("data.train_batch_size=2.5", "expects int"),
-    ("trainer.balance_batch=maybe", "expects bool"),
-    ("actor_rollout_ref.actor.strategy=megatron", "must be one of"),
-    ("--config.actor_rollout_ref.rollout.n=12", "no '--' prefix"),
-    ("actor_rollout_ref.rollout.n", "key=value"),
-    ("data.train_batch_size=[1", "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor_rollout_ref.rollout.nn=3", "Did you mean 'actor_rollout_ref.rollout.n'"),
+        ("data.train_batch_size=-1", "must be >= 1"),
+        ("data.train_batch_size=0", "must be >= 1"),
+        ("data.train_batch_size=abc", "expects int"),
+        ("data.train_batch_size=2.5", "expects int"),
+        ("trainer.balance_batch=maybe", "expects bool"),
+        ("actor_rollout_ref.actor.strategy=megatron", "must be one of"),
+        ("--config.actor_rollout_ref.rollout.n=12", "no '--' prefix"),
+        ("actor_rollout_ref.rollout.n", "key=value"),
+        ("data.train_batch_size=[1", "cannot parse"),
+    ],
+)
 def test_bad_overrides_are_clear_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         load_config(overrides=[override])
@@ -73,11 +78,14 @@ def test_yaml_file_nested_and_interpolated(tmp_path):
     assert cfg.actor_rollout_ref.rollout.n == 12 and cfg.n_gpus == 6
 
 
-@pytest.mark.parametrize("text, message", [
-    ("data: [unclosed", "malformed YAML"),
-    ("- just\n- a list\n", "mapping at the top level"),
-    ("data: {train_batch_sise: 8}\n", "Did you mean 'data.train_batch_size'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("data: [unclosed", "malformed YAML"),
+        ("- just\n- a list\n", "mapping at the top level"),
+        ("data: {train_batch_sise: 8}\n", "Did you mean 'data.train_batch_size'"),
+    ],
+)
 def test_bad_yaml_files(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -91,7 +99,7 @@ def test_missing_file_and_attribute_access():
     cfg = load_config(overrides=SEED_EXAMPLE)
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
     with pytest.raises(ConfigError, match="Did you mean"):
-        cfg.actor_rollout_ref.actor.ppo_mini_batch
+        _ = cfg.actor_rollout_ref.actor.ppo_mini_batch
 
 
 def test_a_key_of_the_other_profile_is_named_as_such():

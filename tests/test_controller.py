@@ -10,14 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import controller, ray_launcher
-from labkit.controller import (CollectiveTimeoutError, LiveFuture, RankError, WorkerGroup, WorkerGroupError,
-                               live_groups)
-from labkit.launcher import pid_alive
-from labkit.protocol import DataProto
-from labkit.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.protocol.data_proto import DataProto
+from labkit.runtime import ray_launcher
+from labkit.runtime import worker_group as controller
+from labkit.runtime.demo_worker import DemoWorker, add_one_to_ids
+from labkit.runtime.local_launcher import pid_alive
+from labkit.runtime.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.runtime.worker_group import (
+    CollectiveTimeoutError,
+    LiveFuture,
+    RankError,
+    WorkerGroup,
+    WorkerGroupError,
+    live_groups,
+)
 from labkit.trace import RankRecord, StepTrace, compare
-from labkit.workers_demo import DemoWorker, add_one_to_ids
 
 COLL_S = 3.0  # collective timeout of every group here: hangs must end within COLL_S + a few seconds
 needs_ray = pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")
@@ -59,9 +66,11 @@ def nothing_left_behind():
 def make_data(rows: int, rng: np.random.Generator, *, auto_padding: bool = False, width: int = 8) -> DataProto:
     lengths = rng.integers(1, width + 1, size=rows)
     mask = (torch.arange(width)[None, :] < torch.as_tensor(lengths)[:, None]).long()
-    return DataProto.from_dict(tensors={"row_id": torch.arange(rows), "attention_mask": mask},
-                               non_tensors={"uid": np.array([f"p{i // 2}" for i in range(rows)], dtype=object)},
-                               auto_padding=auto_padding)
+    return DataProto.from_dict(
+        tensors={"row_id": torch.arange(rows), "attention_mask": mask},
+        non_tensors={"uid": np.array([f"p{i // 2}" for i in range(rows)], dtype=object)},
+        auto_padding=auto_padding,
+    )
 
 
 def _mask_tokens(data: DataProto, lo: int, hi: int) -> int:
@@ -72,19 +81,19 @@ def _mask_tokens(data: DataProto, lo: int, hi: int) -> int:
 def check_modes(wg: WorkerGroup, seed: int) -> None:
     """Every predefined mode on one group: what each rank received, collect order, trace, padding, E26."""
     W, rng = wg.world_size, np.random.default_rng(seed)
-    assert wg.echo("x") == [{"rank": r, "x": "x"} for r in range(W)]                      # ONE_TO_ALL
+    assert wg.echo("x") == [{"rank": r, "x": "x"} for r in range(W)]  # ONE_TO_ALL
     assert wg.per_rank([f"a{r}" for r in range(W)]) == [(r, f"a{r}") for r in range(W)]  # ALL_TO_ALL, split
-    assert wg.per_rank(7) == [(r, 7) for r in range(W)]                                  # ALL_TO_ALL, broadcast
-    assert wg.dp_item(list(range(10, 10 + W))) == [(r, 10 + r) for r in range(W)]        # DP_COMPUTE
+    assert wg.per_rank(7) == [(r, 7) for r in range(W)]  # ALL_TO_ALL, broadcast
+    assert wg.dp_item(list(range(10, 10 + W))) == [(r, 10 + r) for r in range(W)]  # DP_COMPUTE
     with pytest.raises(AssertionError, match=f"world_size={W}"):
         wg.dp_item(list(range(W + 1)))
     assert wg.all_reduce_rank() == [float(sum(range(W)))] * W
-    assert wg.whoami() == 0                                                              # Execute.RANK_ZERO
+    assert wg.whoami() == 0  # Execute.RANK_ZERO
     fut = wg.echo_async(3)
     assert isinstance(fut, LiveFuture) and fut.get() == [{"rank": r, "x": 3} for r in range(W)]
 
     wg.reset_trace()
-    for trial in range(3):                                                               # DP_COMPUTE_PROTO
+    for trial in range(3):  # DP_COMPUTE_PROTO
         per = int(rng.integers(1, 4))
         data = make_data(per * W, rng)
         out = wg.compute(data, _stage=f"dp{trial}")
@@ -96,12 +105,12 @@ def check_modes(wg: WorkerGroup, seed: int) -> None:
         assert all(x.extra["collected"] and x.extra["out_rows"] == per for x in recs)
         assert wg.trace.stage(f"dp{trial}").global_rows == per * W
 
-    metrics = wg.metric(make_data(2 * W, rng))                                          # DP_COMPUTE_METRIC
+    metrics = wg.metric(make_data(2 * W, rng))  # DP_COMPUTE_METRIC
     assert metrics == [{"rank": r, "rows": 2} for r in range(W)]
-    fout = wg.with_func(add_one_to_ids, make_data(W, rng))                               # ..._WITH_FUNC
+    fout = wg.with_func(add_one_to_ids, make_data(W, rng))  # ..._WITH_FUNC
     assert fout.batch["row_id"].tolist() == list(range(1, W + 1))
 
-    if W > 1:                                                                            # E26, then padding
+    if W > 1:  # E26, then padding
         bad = make_data(W + 1, rng)
         with pytest.raises(AssertionError) as err:
             wg.compute(bad)
@@ -110,10 +119,10 @@ def check_modes(wg: WorkerGroup, seed: int) -> None:
         out = wg.compute(padded, _stage="padded")
         assert len(out) == W + 1 and out.batch["row_id"].tolist() == list(range(W + 1))
         assert len(padded) == 2 * W  # verl pads the caller's DataProto in place with copies of its last row
-        assert padded.batch["row_id"].tolist()[W + 1:] == [W] * (W - 1)
+        assert padded.batch["row_id"].tolist()[W + 1 :] == [W] * (W - 1)
         assert [x.rows for x in wg.trace.at("padded")] == [2] * W
 
-    with pytest.raises(RankError) as err:                                                # a rank raises
+    with pytest.raises(RankError) as err:  # a rank raises
         wg.raise_on(W - 1)
     assert err.value.rank == W - 1 and f"rank {W - 1}" in str(err.value)
     assert "ValueError: DemoWorker told to raise" in err.value.remote_traceback
@@ -150,9 +159,9 @@ def check_meshes(wg: WorkerGroup, seed: int) -> None:
         per = int(rng.integers(1, 4))
         data = make_data(4 * per, rng)
         out = wg.call(method, data)
-        assert out.batch["row_id"].tolist() == list(range(4 * per))            # sliced back: own rows only
+        assert out.batch["row_id"].tolist() == list(range(4 * per))  # sliced back: own rows only
         assert out.batch["rank"].tolist() == [r for r in range(4) for _ in range(per)]
-        assert out.batch["seen_rows"].tolist() == [2 * per] * (4 * per)         # B·tp/W rows after the all-gather
+        assert out.batch["seen_rows"].tolist() == [2 * per] * (4 * per)  # B·tp/W rows after the all-gather
         recs = wg.trace.at(method)
         assert [(x.extra["recv_rows"], x.rows, x.extra["out_rows"]) for x in recs] == [(per, 2 * per, per)] * 4
         pair_tokens = [_mask_tokens(data, 0, 2 * per), _mask_tokens(data, 2 * per, 4 * per)]
@@ -168,37 +177,54 @@ def check_matches_a_prediction(wg: WorkerGroup, seed: int) -> None:
     with wg.stage("old_log_prob"):
         wg.actor_compute(data)
     pred = StepTrace(profile="engine", source="plan")
-    pred.ranks = [RankRecord("old_log_prob", r, dp_rank=r // 2, sp_rank=r % 2, rows=4,
-                             tokens=_mask_tokens(data, 4 * (r // 2), 4 * (r // 2) + 4)) for r in range(4)]
+    pred.ranks = [
+        RankRecord(
+            "old_log_prob",
+            r,
+            dp_rank=r // 2,
+            sp_rank=r % 2,
+            rows=4,
+            tokens=_mask_tokens(data, 4 * (r // 2), 4 * (r // 2) + 4),
+        )
+        for r in range(4)
+    ]
     pred.stages = list(wg.trace.stages)
     assert compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows", "tokens")) == []
     pred.ranks[3].rows = 5
-    assert [str(m) for m in compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows",))] == \
-        ["old_log_prob rank 3: rows predicted 5, observed 4"]
+    assert [str(m) for m in compare(pred, wg.trace, stages=["old_log_prob"], fields=("rows",))] == [
+        "old_log_prob rank 3: rows predicted 5, observed 4"
+    ]
 
 
-PLAN_OVERRIDES = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=4",
-                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                  "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                  "actor_rollout_ref.model.use_remove_padding=true", "trainer.balance_batch=false"]
+PLAN_OVERRIDES = [
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "trainer.n_gpus_per_node=4",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.model.use_remove_padding=true",
+    "trainer.balance_batch=false",
+]
 
 
 def check_matches_planner(wg: WorkerGroup, seed: int) -> None:
-    """labkit.plan's prediction of generate / old_log_prob (B=4, n=2, W=4, sp=2, tp=2) equals what the live ranks
+    """labkit.plan.step's prediction of generate / old_log_prob (B=4, n=2, W=4, sp=2, tp=2) equals what the live ranks
     saw, for mesh dispatch and for the ≤v0.5 all-gather variant: rows, tokens, coordinates, all-gather counts."""
-    from labkit.config import load_config
-    from labkit.plan import plan
+    from labkit.config.verl_config import load_config
+    from labkit.plan.step import plan
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 25, size=8).tolist()
     mask = (torch.arange(24)[None, :] < torch.tensor(lengths)[:, None]).long()
     data = DataProto.from_dict(tensors={"row_id": torch.arange(8), "attention_mask": mask})
     cfg = load_config(overrides=PLAN_OVERRIDES, profile="legacy")
-    for dispatch, calls in (("mesh", {"generate": "rollout_compute", "old_log_prob": "actor_compute"}),
-                            ("all_gather", {"generate": "legacy_generate", "old_log_prob": "legacy_sp_compute"})):
+    for dispatch, calls in (
+        ("mesh", {"generate": "rollout_compute", "old_log_prob": "actor_compute"}),
+        ("all_gather", {"generate": "legacy_generate", "old_log_prob": "legacy_sp_compute"}),
+    ):
         predicted = plan(cfg, lengths, dispatch=dispatch)
         wg.reset_trace()
         for stage, method in calls.items():
@@ -273,10 +299,9 @@ def ray_session():
         assert not import_ray().is_initialized()
 
 
-
 def _ray_session_commands() -> list[str]:
     """Command lines of the processes of the connected Ray session (those that name its session folder)."""
-    from labkit.ray_launcher import _session_pids
+    from labkit.runtime.ray_launcher import _session_pids
 
     session = import_ray()._private.worker.global_worker.node.get_session_dir_path()
     out = []
@@ -292,12 +317,13 @@ def _ray_session_commands() -> list[str]:
 def test_labkit_started_ray_is_lean(ray_session):
     """A Ray labkit starts runs no autoscaler monitor, no log monitor, no dashboard API server, no prestarted idle
     workers (each ~1 CPU-s at start-up on a 2-core machine), and the driver's environment is as it was."""
-    from labkit.ray_launcher import LEAN_ENV
+    from labkit.runtime.ray_launcher import LEAN_ENV
 
     commands = _ray_session_commands()
     assert any("raylet" in c for c in commands), commands  # the session is really found
     assert not [c for c in commands if "monitor.py" in c or "dashboard.py" in c or c.startswith("ray::IDLE")], commands
     assert not [k for k in LEAN_ENV if k in os.environ]
+
 
 @pytest.fixture(scope="module")
 def ray_wg4(ray_session):
@@ -421,11 +447,15 @@ def test_bad_timeouts_and_unimportable_workers_fail_before_any_process(monkeypat
     import sys
     import types
 
-    from labkit.dispatch import Worker
+    from labkit.runtime.dispatch import Worker
 
     before, n_live, t0 = set(_descendants()), len(live_groups()), time.monotonic()
-    for kwargs, name in (({"timeout_s": 0}, "timeout_s"), ({"collective_timeout_s": -1.0}, "collective_timeout_s"),
-                         ({"start_timeout_s": float("nan")}, "start_timeout_s"), ({"timeout_s": None}, "timeout_s")):
+    for kwargs, name in (
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"collective_timeout_s": -1.0}, "collective_timeout_s"),
+        ({"start_timeout_s": float("nan")}, "start_timeout_s"),
+        ({"timeout_s": None}, "timeout_s"),
+    ):
         with pytest.raises(ValueError, match=f"^{name} must be a finite number of seconds > 0"):
             WorkerGroup(DemoWorker, 2, launcher="local", **kwargs)
     with pytest.raises(ValueError, match="world_size must be a positive int"):
@@ -473,7 +503,7 @@ def test_local_rank_killed_is_reported_at_once_and_a_raw_collective_breaks_the_g
 
 
 def test_auto_launcher_falls_back_to_local_without_ray(monkeypatch):
-    import labkit.ray_launcher as rl
+    import labkit.runtime.ray_launcher as rl
 
     assert controller._pick_launcher("auto") == ("ray" if ray_available() else "local")
     monkeypatch.setattr(rl, "ray_available", lambda: False)
@@ -509,14 +539,16 @@ class _FakeGroup:
 
 def _pair(n: int, auto_padding: bool, verl_cls):
     ids = torch.arange(n)
-    return (DataProto.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding),
-            verl_cls.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding))
+    return (
+        DataProto.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding),
+        verl_cls.from_dict(tensors={"row_id": ids.clone()}, auto_padding=auto_padding),
+    )
 
 
 def test_parity_dp_compute_proto_chunks_padding_and_e26(verl_dispatch):
     from verl.protocol import _padding_size_key
 
-    from labkit.dispatch import split_with_auto_padding
+    from labkit.runtime.dispatch import split_with_auto_padding
 
     decorator, VerlDataProto, _ = verl_dispatch
     rng = np.random.default_rng(0)
@@ -538,7 +570,7 @@ def test_parity_dp_compute_proto_chunks_padding_and_e26(verl_dispatch):
 def test_parity_nd_dispatch_and_collect(verl_dispatch, monkeypatch):
     import verl.utils.ray_utils as ray_utils
 
-    from labkit.dispatch import collect_nd_compute_dataproto, dispatch_nd_compute_dataproto
+    from labkit.runtime.dispatch import collect_nd_compute_dataproto, dispatch_nd_compute_dataproto
 
     decorator, VerlDataProto, VerlWorkerGroup = verl_dispatch
     monkeypatch.setattr(ray_utils, "parallel_put", lambda data, max_workers=None: list(data))  # no ray.put here
@@ -546,7 +578,7 @@ def test_parity_nd_dispatch_and_collect(verl_dispatch, monkeypatch):
     for _ in range(100):
         dp, inner = int(rng.integers(1, 5)), int(rng.integers(1, 4))
         w = dp * inner
-        mapping = [r // inner for r in range(w)]               # verl's layouts: TP/SP ranks adjacent
+        mapping = [r // inner for r in range(w)]  # verl's layouts: TP/SP ranks adjacent
         mask = [r % inner == 0 for r in range(w)]
         n = dp * int(rng.integers(1, 5)) + (int(rng.integers(0, dp)) if rng.random() < 0.3 else 0)
         mine, theirs = _pair(n, False, VerlDataProto)
@@ -569,7 +601,7 @@ def test_parity_nd_dispatch_and_collect(verl_dispatch, monkeypatch):
 def test_parity_execute_all_splits_per_rank_lists_only(verl_dispatch):
     from verl.single_controller.ray.base import RayWorkerGroup
 
-    from labkit.dispatch import split_for_ranks
+    from labkit.runtime.dispatch import split_for_ranks
 
     class Recorder(RayWorkerGroup):
         def _execute_remote_single_worker(self, worker, method_name, *args, **kwargs):
@@ -578,8 +610,14 @@ def test_parity_execute_all_splits_per_rank_lists_only(verl_dispatch):
     rng = np.random.default_rng(2)
     for _ in range(200):
         w = int(rng.integers(1, 5))
-        pool = [lambda: [f"l{i}" for i in range(w)], lambda: [1] * (w + 1), lambda: (0,) * w, lambda: 5,
-                lambda: None, lambda: []]
+        pool = [
+            lambda: [f"l{i}" for i in range(w)],
+            lambda: [1] * (w + 1),
+            lambda: (0,) * w,
+            lambda: 5,
+            lambda: None,
+            lambda: [],
+        ]
         args = tuple(pool[int(rng.integers(0, len(pool)))]() for _ in range(int(rng.integers(0, 3))))
         kwargs = {f"k{j}": pool[int(rng.integers(0, len(pool)))]() for j in range(int(rng.integers(0, 3)))}
         rec = Recorder.__new__(Recorder)

@@ -1,4 +1,4 @@
-"""labkit.dist: verl's mesh layouts, guarded collectives, the DataProto all-gather, timeouts and teardown.
+"""labkit.runtime.dist: verl's mesh layouts, guarded collectives, the DataProto all-gather, timeouts and teardown.
 
 One start of 4 real gloo ranks runs every in-rank check and sends plain Python results back (never tensors)."""
 
@@ -12,7 +12,7 @@ import traceback
 import pytest
 import torch
 
-from labkit import dist
+from labkit.runtime import dist
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 3.0
@@ -52,7 +52,7 @@ def test_backend_choice_on_this_machine():
 def test_bad_timeouts_are_clear_errors_before_any_wait():
     """gloo reads a timeout of 0 as "no timeout" and fails every collective of a group with timeout 0 at once:
     timeouts <= 0 or not finite are ValueErrors, raised before any rendezvous, collective or process."""
-    from labkit import ulysses_demo
+    from labkit.model import ulysses_demo
 
     for bad in (0, -1.0, float("inf"), float("nan"), None):
         with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
@@ -82,20 +82,35 @@ def _rank_main(rank: int, port: int, queue) -> None:
     torch.set_num_threads(1)
     out: dict = {"rank": rank}
     try:
-        from labkit.protocol import DataProto
+        from labkit.protocol.data_proto import DataProto
 
         dist.init_dist(rank, WORLD, port, timeout_s=COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s=120)
         am = dist.actor_mesh(sp=2)
-        out["actor"] = (dist.dp_rank(am), dist.sp_rank(am),
-                        dist.group_ranks(am.get_group("dp")), dist.group_ranks(am.get_group("sp")))
+        out["actor"] = (
+            dist.dp_rank(am),
+            dist.sp_rank(am),
+            dist.group_ranks(am.get_group("dp")),
+            dist.group_ranks(am.get_group("sp")),
+        )
         rm = dist.rollout_mesh(tp=2)
-        out["rollout_tp2"] = (dist.dp_rank(rm), dist.tp_rank(rm),
-                              dist.group_ranks(rm.get_group("infer_tp")), dist.group_ranks(rm.get_group("dp")))
+        out["rollout_tp2"] = (
+            dist.dp_rank(rm),
+            dist.tp_rank(rm),
+            dist.group_ranks(rm.get_group("infer_tp")),
+            dist.group_ranks(rm.get_group("dp")),
+        )
         rm2 = dist.rollout_mesh(tp=2, pp=2)
-        out["rollout_tp2_pp2"] = (rm2.get_local_rank("dp"), rm2.get_local_rank("infer_tp"),
-                                  rm2.get_local_rank("infer_pp"), dist.group_ranks(rm2.get_group("infer_tp")),
-                                  dist.group_ranks(rm2.get_group("infer_pp")))
-        out["mesh_ranks"] = dist.mesh_ranks(rm, "infer_tp")
+        out["rollout_tp2_pp2"] = (
+            rm2.get_local_rank("dp"),
+            rm2.get_local_rank("infer_tp"),
+            rm2.get_local_rank("infer_pp"),
+            dist.group_ranks(rm2.get_group("infer_tp")),
+            dist.group_ranks(rm2.get_group("infer_pp")),
+        )
+        out["mesh_ranks"] = {
+            "local_rank": rm.get_local_rank("infer_tp"),
+            "size": rm.size(rm.mesh_dim_names.index("infer_tp")),
+        }
         out["sum"] = dist.all_reduce(torch.tensor([float(rank + 1)])).item()
         out["max"] = dist.all_reduce(torch.tensor([float(rank)]), op="max").item()
         out["avg_sp"] = dist.all_reduce(torch.tensor([float(rank)]), op="avg", group=am.get_group("sp")).item()
@@ -103,12 +118,20 @@ def _rank_main(rank: int, port: int, queue) -> None:
         out["objects"] = dist.all_gather_object({"r": rank, "s": "x" * rank}, group=am.get_group("dp"))
         dist.barrier()
         data = DataProto.from_dict(
-            tensors={"ids": torch.tensor([[2 * rank, 0], [2 * rank + 1, 1]]),
-                     "attention_mask": torch.ones(2, 2, dtype=torch.long) * (rank + 1)},
-            non_tensors={"uid": [f"u{rank}a", f"u{rank}b"]}, meta_info={"temperature": 1.0})
+            tensors={
+                "ids": torch.tensor([[2 * rank, 0], [2 * rank + 1, 1]]),
+                "attention_mask": torch.ones(2, 2, dtype=torch.long) * (rank + 1),
+            },
+            non_tensors={"uid": [f"u{rank}a", f"u{rank}b"]},
+            meta_info={"temperature": 1.0},
+        )
         gathered = dist.all_gather_data_proto(data, group=rm.get_group("infer_tp"))
-        out["gathered"] = (gathered.batch["ids"].tolist(), gathered.batch["attention_mask"][:, 0].tolist(),
-                           list(gathered.non_tensor_batch["uid"]), gathered.meta_info)
+        out["gathered"] = (
+            gathered.batch["ids"].tolist(),
+            gathered.batch["attention_mask"][:, 0].tolist(),
+            list(gathered.non_tensor_batch["uid"]),
+            gathered.meta_info,
+        )
         out["counts"] = dist.collective_counts()
         out["inflight_idle"] = dist.inflight()
         # rank 3 never enters this all_reduce: the others must raise within the timeout, naming rank and collective
@@ -132,7 +155,7 @@ def _rank_main(rank: int, port: int, queue) -> None:
 def rank_results():
     import torch.multiprocessing as mp
 
-    from labkit.launcher import FORKSERVER_PRELOAD
+    from labkit.runtime.local_launcher import FORKSERVER_PRELOAD
 
     ctx = mp.get_context("forkserver")  # as labkit's local launcher: one preloaded server forks the ranks
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -178,7 +201,7 @@ def test_actor_mesh_is_verl_layout(rank_results):
 
 @pytest.mark.slow
 def test_rollout_mesh_is_verl_layout(rank_results):
-    # (dp, infer_tp, infer_pp): rank = dp*(tp*pp) + tp_idx*pp + pp_idx; tp=2 pairs are [[0,1],[2,3]] (seed A18)
+    # (dp, infer_tp, infer_pp): rank = dp*(tp*pp) + tp_idx*pp + pp_idx; tp=2 pairs are [[0,1],[2,3]]
     for r, res in rank_results.items():
         dp, tp, tp_group, dp_group = res["rollout_tp2"]
         assert (dp, tp) == (r // 2, r % 2) and tp_group == [2 * (r // 2), 2 * (r // 2) + 1]
@@ -216,8 +239,13 @@ def test_collective_counts_are_recorded(rank_results):
     for res in rank_results.values():
         counts = res["counts"]
         # the DataProto all-gather counts once under the planner's name, not as its inner collectives
-        assert counts == {"all_reduce": 3, "barrier": 1, "all_gather": 1, "all_gather_object": 1,
-                          "all_gather(data_proto)": 1}
+        assert counts == {
+            "all_reduce": 3,
+            "barrier": 1,
+            "all_gather": 1,
+            "all_gather_object": 1,
+            "all_gather(data_proto)": 1,
+        }
 
 
 @pytest.mark.slow

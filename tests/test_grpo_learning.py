@@ -1,4 +1,4 @@
-"""GRPO learns: on ``labkit.learning.learning_config()`` (16 prompts × n=8, 8 AdamW steps of lr 3e-4 per GRPO step,
+"""GRPO learns: on ``labkit.trainer.recipes.learning_config()`` (16 prompts × n=8, 8 AdamW steps of lr 3e-4 per GRPO step,
 fixed prompts, 4 local CPU ranks) the mean rule reward rises over 8 steps by well more than the sampling noise; the
 learning rate comes from ``actor_rollout_ref.actor.optim.lr`` unless the trainer is given ``lr``."""
 
@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from labkit.controller import live_groups
-from labkit.hybrid_worker import settings_for
-from labkit.learning import LEARNING_LR, learning_config, learning_trainer, reward_rise
-from labkit.trainer import mean_scores, trainer_config
+from labkit.rl.hybrid_worker import settings_for
+from labkit.runtime.worker_group import live_groups
+from labkit.trainer.grpo_trainer import mean_scores, trainer_config
+from labkit.trainer.recipes import LEARNING_LR, learning_config, learning_trainer, reward_rise
 
 STEPS = 8  # about 10 s to start the group + 8 × 4–6 s on 2 shared cores
 SEED = 0
@@ -44,8 +44,10 @@ def test_reward_rises_over_a_few_grpo_steps():
         left = tr.close()["left_pids"]
     curve = mean_scores(history)
     rise = reward_rise(curve, 2)
-    print(f"\ncritic/score/mean over {STEPS} steps (seed {SEED}): {curve}; rise (last 2 − first 2) {rise:+.3f}; "
-          f"s/step {[round(h['timing_s/step'], 1) for h in history]}")
+    print(
+        f"\ncritic/score/mean over {STEPS} steps (seed {SEED}): {curve}; rise (last 2 − first 2) {rise:+.3f}; "
+        f"s/step {[round(h['timing_s/step'], 1) for h in history]}"
+    )
     assert left == [] and live_groups() == []
     assert all(math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"]) for h in history)
     assert len(tr.batch) == 128  # 16 prompts × n=8

@@ -1,18 +1,19 @@
-"""labkit.logprob_memory: the predicted bytes against the H200 anchor and a CPU measurement, and the meter itself."""
+"""labkit.model.logprob_memory: the predicted bytes against the H200 anchor and a CPU measurement, and the meter itself."""
 
 import sys
 
 import pytest
 import torch
 
-from labkit.logprob_memory import PeakMeter, logprob_peak_bytes, measure_logprob_head
+from labkit.memory.logprob import logprob_peak_bytes
+from labkit.model.logprob_memory import PeakMeter, measure_logprob_head
 
 QWEN2_05B_PARAMS, QWEN2_05B_VOCAB = 494_032_768, 151_936
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the CPU meter reads /proc (Linux only)")
 
 
 def test_predicted_bytes_match_the_h200_anchor():
-    """environment-facts: padded static micro-batch, 8 rows x 4,096 tokens, bf16 Qwen2-0.5B, naive fp32 log-softmax:
+    """H200 measurement: padded static micro-batch, 8 rows x 4,096 tokens, bf16 Qwen2-0.5B, naive fp32 log-softmax:
     47.3 GiB peak measured, weights included."""
     peak = QWEN2_05B_PARAMS * 2 + logprob_peak_bytes(8 * 4096, QWEN2_05B_VOCAB, 2)
     assert round(peak / 2**30, 1) == 47.3

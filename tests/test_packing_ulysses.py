@@ -1,4 +1,4 @@
-"""Padding removal and Ulysses SP: labkit.packing / labkit.ulysses / labkit.logprob against the padded forward,
+"""Padding removal and Ulysses SP: labkit.model.packing / labkit.model.ulysses / labkit.model.logprob against the padded forward,
 against SP=1, and against verl 0.9.1's helpers.
 
 Tolerances (fp32, random-init tiny Qwen2, 4 heads / 2 kv heads): log-probs and entropy 1e-5 absolute (measured
@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import time
 
+import _ulysses_ranks as R
 import numpy as np
 import pytest
 import torch
 
-import _ulysses_ranks as R
-from labkit.ulysses_demo import spawn_ranks
-from labkit.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
-from labkit.packing import compute_position_id_with_mask, index_first_axis, pack_micro_batch, pad_input, unpad_input
-from labkit.ulysses import (
+from labkit.model.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
+from labkit.model.packing import (
+    compute_position_id_with_mask,
+    index_first_axis,
+    pack_micro_batch,
+    pad_input,
+    unpad_input,
+)
+from labkit.model.ulysses import (
     apply_ulysses_patch,
     check_ulysses_heads,
     kv_head_repeats,
@@ -26,6 +31,7 @@ from labkit.ulysses import (
     ulysses_pad,
     ulysses_pad_and_slice_inputs,
 )
+from labkit.model.ulysses_demo import spawn_ranks
 
 ATOL = 1e-5
 GRAD_ATOL = 1e-5
@@ -56,8 +62,14 @@ def reference(model, batches):
         with torch.no_grad():
             for rmpad in (False, True):
                 for chunked in (False, True):
-                    lp, ent = forward_micro_batch(model, micro, use_remove_padding=rmpad, temperature=R.TEMPERATURE,
-                                                  calculate_entropy=True, chunked=chunked)
+                    lp, ent = forward_micro_batch(
+                        model,
+                        micro,
+                        use_remove_padding=rmpad,
+                        temperature=R.TEMPERATURE,
+                        calculate_entropy=True,
+                        chunked=chunked,
+                    )
                     out[name, rmpad, chunked] = (lp.numpy(), ent.numpy())
         model.train()
         _, grads = R.grads_of_weighted_logprob(model, batch)
@@ -122,8 +134,9 @@ def test_packed_needs_use_cache_false(model, batches):
     b = batches["even"]
     packed = pack_micro_batch(*(torch.from_numpy(b[k]) for k in ("input_ids", "attention_mask", "position_ids")))
     with torch.no_grad():
-        good = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                     use_cache=False).logits
+        good = model(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+        ).logits
         bad = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None).logits
     first = int(packed.cu_seqlens[1])  # the first sequence sees nothing before it: identical either way
     assert torch.allclose(good[:, :first], bad[:, :first], atol=1e-5)
@@ -138,7 +151,7 @@ def test_ulysses_attention_without_sp_is_sdpa(model, batches, reference):
 
     from transformers import AttentionInterface
 
-    from labkit.ulysses import ulysses_attention_forward
+    from labkit.model.ulysses import ulysses_attention_forward
 
     patched = apply_ulysses_patch(copy.deepcopy(model), 2)
     b = batches["odd"]
@@ -161,8 +174,15 @@ def test_chunked_logprob_small_chunks_and_grads(model, batches):
     for chunked, size in [(False, 0), (True, 5)]:
         model.zero_grad(set_to_none=True)
         kw = dict(chunk_size=size) if chunked else {}
-        lp, ent = forward_micro_batch(model, R.to_micro(b), use_remove_padding=True, temperature=R.TEMPERATURE,
-                                      calculate_entropy=True, chunked=chunked, **kw)
+        lp, ent = forward_micro_batch(
+            model,
+            R.to_micro(b),
+            use_remove_padding=True,
+            temperature=R.TEMPERATURE,
+            calculate_entropy=True,
+            chunked=chunked,
+            **kw,
+        )
         ((lp + 0.1 * ent) * rmask).sum().backward()
         out[chunked] = (lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
     model.eval()
@@ -188,8 +208,11 @@ def test_sp_logprobs_equal_sp1(sp_run, reference, batches):
         assert _masked_max_diff(res["sp4/lp"], lp_ref, rmask) < ATOL, rank
         assert _masked_max_diff(res["sp4/ent"], ent_ref, rmask) < ATOL, rank
         assert _masked_max_diff(res["sp4/lp_naive"], reference["odd", True, False][0], rmask) < ATOL
-    worst = max(_masked_max_diff(res[f"{t}/lp"], reference[n, True, True][0], batches[n]["response_mask"])
-                for res in results.values() for t, n in [("sp2", ["even", "odd"][res["dp_rank"]]), ("sp4", "odd")])
+    worst = max(
+        _masked_max_diff(res[f"{t}/lp"], reference[n, True, True][0], batches[n]["response_mask"])
+        for res in results.values()
+        for t, n in [("sp2", ["even", "odd"][res["dp_rank"]]), ("sp4", "odd")]
+    )
     print(f"\nSP log-prob max |diff| vs SP=1: {worst:.2e}")
     nnz = {name: int(b["attention_mask"].sum()) for name, b in batches.items()}
     assert nnz["even"] % 4 == 0 and nnz["odd"] % 2 == 1, nnz  # both divisibility cases really ran
@@ -232,8 +255,10 @@ def test_sp_collectives(sp_run):
             assert counts.get("all_to_all", 0) == 4 * layers, counts
             assert counts.get("all_gather", 0) == layers + 2, counts
     imports = max(res["t_import"] - res["t_entry"] for res in results.values())
-    print(f"\n4-rank SP job wall {wall:.1f} s (imports in the ranks up to {imports:.1f} s); rank0 fwd sp2 {results[0]['sp2/fwd_s']*1e3:.0f} ms, "
-          f"fwd+bwd sp2 {results[0]['sp2/fwd_bwd_s']*1e3:.0f} ms, fwd sp4 {results[0]['sp4/fwd_s']*1e3:.0f} ms")
+    print(
+        f"\n4-rank SP job wall {wall:.1f} s (imports in the ranks up to {imports:.1f} s); rank0 fwd sp2 {results[0]['sp2/fwd_s'] * 1e3:.0f} ms, "
+        f"fwd+bwd sp2 {results[0]['sp2/fwd_bwd_s'] * 1e3:.0f} ms, fwd sp4 {results[0]['sp4/fwd_s'] * 1e3:.0f} ms"
+    )
 
 
 # ---- (d) single-process helpers == verl 0.9.1 ----------------------------------------------------------------------
@@ -329,7 +354,7 @@ def test_head_constraint_messages_match_verl():
 def test_bad_inputs_raise(model, batches, monkeypatch):
     import copy
 
-    import labkit.logprob as lp_mod
+    import labkit.model.logprob as lp_mod
 
     micro = R.to_micro(batches["even"])
     monkeypatch.setattr(lp_mod, "_sp_size", lambda group: 2)  # an SP=2 group, without a process group

@@ -1,5 +1,5 @@
-"""labkit.plan: the seed example's numbers, invariants over random valid configs, legacy vs engine differences,
-the §11.3 dynamic buckets, balance metrics against verl 0.9.1, and speed."""
+"""labkit.plan.step: the worked example's numbers, invariants over random valid configs, legacy vs engine differences,
+the 8-sample dynamic buckets, balance metrics against verl 0.9.1, and speed."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from math import gcd
 
 import pytest
 
-from labkit.config import SEED_EXAMPLE, load_config
-from labkit.lengths import LengthsError, draw, lengths_for_config
-from labkit.plan import plan
-from labkit.plan_ctx import COLLECTIVES
+from labkit.config.lengths import LengthsError, draw
+from labkit.config.verl_config import SEED_EXAMPLE, load_config
+from labkit.plan.step import plan
+from labkit.rules.collectives import COLLECTIVES
+from labkit.rules.geometry import lengths_for_config
 from labkit.trace import STAGES, StepTrace
 
 ARR = "actor_rollout_ref"
@@ -26,15 +27,25 @@ def cfg_of(overrides, profile="legacy"):
 
 def one_rank(lengths_n: int, budget: int, extra=()):
     """One GPU, one prompt with n samples, a rollout wide enough for the seed's 9000-token sample."""
-    return [f"data.train_batch_size=1", f"{ARR}.rollout.n={lengths_n}", "trainer.n_gpus_per_node=1",
-            f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.rollout.agent.num_workers=1",
-            f"{ARR}.actor.ppo_mini_batch_size=1", f"{ARR}.actor.use_dynamic_bsz=true",
-            f"{ARR}.rollout.log_prob_max_token_len_per_gpu={budget}", f"{ARR}.actor.ppo_max_token_len_per_gpu={budget}",
-            "data.max_prompt_length=1024", "data.max_response_length=8192", "algorithm.adv_estimator=grpo", *extra]
+    return [
+        "data.train_batch_size=1",
+        f"{ARR}.rollout.n={lengths_n}",
+        "trainer.n_gpus_per_node=1",
+        f"{ARR}.rollout.tensor_model_parallel_size=1",
+        f"{ARR}.rollout.agent.num_workers=1",
+        f"{ARR}.actor.ppo_mini_batch_size=1",
+        f"{ARR}.actor.use_dynamic_bsz=true",
+        f"{ARR}.rollout.log_prob_max_token_len_per_gpu={budget}",
+        f"{ARR}.actor.ppo_max_token_len_per_gpu={budget}",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=8192",
+        "algorithm.adv_estimator=grpo",
+        *extra,
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The first seed post's example (verl-reference.md, "Pipeline at a glance" and §11.1)
+# The worked example of docs/pipeline.md: 60 prompts, n=12, 6 GPUs, rollout TP=2, M=60, m=8
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", ["legacy", "engine"])
 def test_seed_example_numbers(profile):
@@ -81,8 +92,16 @@ def test_seed_example_without_reference_or_critic():
     tr = plan(cfg_of(SEED_EXAMPLE))
     names = tr.stage_names()
     assert "ref_log_prob" not in names and "values" not in names and "update_critic" not in names
-    tr = plan(cfg_of(SEED_EXAMPLE + ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8",
-                                     "critic.forward_micro_batch_size_per_gpu=8"]))
+    tr = plan(
+        cfg_of(
+            SEED_EXAMPLE
+            + [
+                "algorithm.adv_estimator=gae",
+                "critic.ppo_micro_batch_size_per_gpu=8",
+                "critic.forward_micro_batch_size_per_gpu=8",
+            ]
+        )
+    )
     assert {"values", "update_critic"} <= set(tr.stage_names())
     assert all(r.n_micro == 15 for r in tr.at("values"))
     assert tr.summary["update"]["update_critic"]["mini_batches"] == [120]
@@ -110,19 +129,31 @@ def random_config(rng: random.Random):
     M = rng.choice([d for d in _divisors(B) if (d * n) % D == 0])
     mini, rows = M * n // D, B * n // D
     dyn = rng.random() < 0.5
-    ov = [f"data.train_batch_size={B}", f"{ARR}.rollout.n={n}", f"trainer.n_gpus_per_node={W}",
-          f"{ARR}.rollout.tensor_model_parallel_size={tp}", f"{ARR}.actor.ulysses_sequence_parallel_size={sp}",
-          f"{ARR}.rollout.agent.num_workers={A}", f"{ARR}.actor.ppo_mini_batch_size={M}",
-          f"{ARR}.actor.ppo_epochs={rng.randint(1, 2)}", "data.max_prompt_length=256", "data.max_response_length=256",
-          f"{ARR}.actor.use_kl_loss={rng.random() < 0.5}", f"{ARR}.actor.use_dynamic_bsz={dyn}",
-          f"{ARR}.model.use_remove_padding={sp > 1 or rng.random() < 0.7}",
-          f"trainer.balance_batch={rng.random() < 0.8}", "algorithm.adv_estimator=grpo"]
+    ov = [
+        f"data.train_batch_size={B}",
+        f"{ARR}.rollout.n={n}",
+        f"trainer.n_gpus_per_node={W}",
+        f"{ARR}.rollout.tensor_model_parallel_size={tp}",
+        f"{ARR}.actor.ulysses_sequence_parallel_size={sp}",
+        f"{ARR}.rollout.agent.num_workers={A}",
+        f"{ARR}.actor.ppo_mini_batch_size={M}",
+        f"{ARR}.actor.ppo_epochs={rng.randint(1, 2)}",
+        "data.max_prompt_length=256",
+        "data.max_response_length=256",
+        f"{ARR}.actor.use_kl_loss={rng.random() < 0.5}",
+        f"{ARR}.actor.use_dynamic_bsz={dyn}",
+        f"{ARR}.model.use_remove_padding={sp > 1 or rng.random() < 0.7}",
+        f"trainer.balance_batch={rng.random() < 0.8}",
+        "algorithm.adv_estimator=grpo",
+    ]
     if dyn:
         ov += [f"{ARR}.actor.ppo_max_token_len_per_gpu={rng.choice([512, 768, 2048])}"]
     else:
-        ov += [f"{ARR}.actor.ppo_micro_batch_size_per_gpu={rng.choice(_divisors(mini))}",
-               f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={rng.choice(_divisors(rows))}",
-               f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={rng.choice(_divisors(rows))}"]
+        ov += [
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu={rng.choice(_divisors(mini))}",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={rng.choice(_divisors(rows))}",
+            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu={rng.choice(_divisors(rows))}",
+        ]
     return ov
 
 
@@ -226,15 +257,20 @@ def test_ragged_minibatches_legacy_vs_engine():
     assert "ragged" in leg.stage("update_actor").note
     # engine: (M·n)/D = 300/6 = 50 divides, so E28 passes; the mini-batch iterator then asserts 120 % 50 (E29)
     eng = plan(cfg_of(ov, "engine"))
-    assert eng.summary["stage_errors"]["update_actor"] == {"code": "E29", "exc_type": "AssertionError",
-                                                           "message": "120 % 50 != 0"}
+    assert eng.summary["stage_errors"]["update_actor"] == {
+        "code": "E29",
+        "exc_type": "AssertionError",
+        "message": "120 % 50 != 0",
+    }
     assert eng.at("update_actor") == [] and eng.summary["ok"] is False
     # on 8 GPUs legacy floors 300//8 = 37 (ragged 37, 37, 16), engine asserts E28
     ov8 = ov + ["trainer.n_gpus_per_node=8", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=1"]
     assert plan(cfg_of(ov8, "legacy")).summary["mini_batches"] == [37, 37, 16]
     assert plan(cfg_of(ov8, "engine")).summary["stage_errors"]["update_actor"] == {
-        "code": "E28", "exc_type": "AssertionError",
-        "message": "Got mini_batch_size=300 and self.engine.get_data_parallel_size()=8"}
+        "code": "E28",
+        "exc_type": "AssertionError",
+        "message": "Got mini_batch_size=300 and self.engine.get_data_parallel_size()=8",
+    }
 
 
 def test_static_logprob_split_vs_chunk():
@@ -247,25 +283,29 @@ def test_static_logprob_split_vs_chunk():
 
 
 def test_deprecated_global_logprob_micro_is_normalized_in_legacy():
-    """Deprecated rollout.log_prob_micro_batch_size=48 → 48 // (6//1) = 8 per GPU (not 8/6, claim A12)."""
+    """Deprecated rollout.log_prob_micro_batch_size=48 → 48 // (6//1) = 8 per GPU (per-GPU keys are never divided)."""
     ov = [o for o in SEED_EXAMPLE if "rollout.log_prob_micro_batch_size_per_gpu" not in o]
     tr = plan(cfg_of(ov + [f"{ARR}.rollout.log_prob_micro_batch_size=48"], "legacy"))
     assert tr.summary["log_prob_micro_batches_per_rank"] == 15
 
 
 def test_stage_failures_are_reported_not_raised():
-    tr = plan(cfg_of(SEED_EXAMPLE + [f"{ARR}.rollout.n=13"], "legacy"))  # A11: 780 % 8 agent workers
-    assert tr.summary["stage_errors"]["agent_loop"]["message"] == \
-        "only support equal chunk. Got size of DataProto 780 and chunk 8."
+    tr = plan(cfg_of(SEED_EXAMPLE + [f"{ARR}.rollout.n=13"], "legacy"))  # n=13: 780 % 8 agent workers
+    assert (
+        tr.summary["stage_errors"]["agent_loop"]["message"]
+        == "only support equal chunk. Got size of DataProto 780 and chunk 8."
+    )
     assert tr.summary["stage_errors"]["update_actor"]["code"] == "E21"  # 130 % 8
     assert tr.at("generate") and tr.summary["ok"] is False
-    tr = plan(cfg_of(SEED_EXAMPLE + ["trainer.n_gpus_per_node=5"], "legacy"))  # A27
-    assert tr.summary["stage_errors"]["generate"]["message"] == \
-        "rollout world_size: 5 is not divisible by infer_world_size: 2"
+    tr = plan(cfg_of(SEED_EXAMPLE + ["trainer.n_gpus_per_node=5"], "legacy"))  # W=5, TP=2: E23
+    assert (
+        tr.summary["stage_errors"]["generate"]["message"]
+        == "rollout world_size: 5 is not divisible by infer_world_size: 2"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# §11.3: the 8-sample example, dynamic budget 13312
+# The 8-sample example, dynamic budget 13312
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", ["legacy", "engine"])
 def test_seed8_dynamic_buckets(profile):
@@ -286,7 +326,7 @@ def test_seed8_dynamic_buckets(profile):
 
 
 def test_budget_not_a_cap_in_legacy():
-    """§11.3: lengths [6000]*3 + [1000], budget 10000 → 0.8: 12000 / 7000; 0.9.1: 6000 / 7000 / 6000."""
+    """Lengths [6000]*3 + [1000], budget 10000 → 0.8: 12000 / 7000; 0.9.1: 6000 / 7000 / 6000."""
     lengths = [6000, 6000, 6000, 1000]
     leg = plan(cfg_of(one_rank(4, 10000, ["trainer.balance_batch=false"]), "legacy"), lengths)
     assert sorted(m.tokens for m in leg.at("old_log_prob")[0].micro_batches) == [7000, 12000]
@@ -301,8 +341,11 @@ def test_e31_budget_below_longest_row():
     err = eng.summary["stage_errors"]["old_log_prob"]
     assert err["code"] == "E31" and err["message"].endswith("Got max_token_len=8192 and max_seq_len=tensor(9000)")
     # two mini-batches of 4 in update_actor: the second holds the 9000-token row, the first at most 6500
-    two = one_rank(4, 16384, ["data.train_batch_size=2", "trainer.balance_batch=false",
-                              f"{ARR}.actor.ppo_max_token_len_per_gpu=8192"])
+    two = one_rank(
+        4,
+        16384,
+        ["data.train_batch_size=2", "trainer.balance_batch=false", f"{ARR}.actor.ppo_max_token_len_per_gpu=8192"],
+    )
     err = plan(cfg_of(two, "engine"), "seed-8").summary["stage_errors"]
     assert "old_log_prob" not in err and err["update_actor"]["code"] == "E31"
     assert err["update_actor"]["message"].endswith("Got max_token_len=8192 and max_seq_len=tensor(9000)")
@@ -318,14 +361,20 @@ def test_balance_stage_matches_verl():
     rng = random.Random(7)
     for trial in range(6):
         W = rng.choice([2, 4, 8])
-        ov = [f"data.train_batch_size={W * rng.randint(1, 4)}", f"{ARR}.rollout.n=4", f"trainer.n_gpus_per_node={W}",
-              f"{ARR}.rollout.agent.num_workers=1", f"{ARR}.actor.ppo_mini_batch_size=1",
-              f"{ARR}.actor.ppo_micro_batch_size_per_gpu=1", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=1",
-              "algorithm.adv_estimator=grpo"]
+        ov = [
+            f"data.train_batch_size={W * rng.randint(1, 4)}",
+            f"{ARR}.rollout.n=4",
+            f"trainer.n_gpus_per_node={W}",
+            f"{ARR}.rollout.agent.num_workers=1",
+            f"{ARR}.actor.ppo_mini_batch_size=1",
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu=1",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=1",
+            "algorithm.adv_estimator=grpo",
+        ]
         cfg = cfg_of(ov)
         lengths = lengths_for_config(cfg, "gsm8k-like", seed=trial)
         tr = plan(cfg, lengths)
-        # verl's _balance_batch, step by step (verl-reference.md §5), with verl's own functions
+        # verl's _balance_batch, step by step, with verl's own functions
         workload = sb.calculate_workload(__import__("torch").tensor(lengths)).tolist()
         parts = sb.get_seqlen_balanced_partitions(workload, k_partitions=W, equal_size=True)
         expect = []
@@ -335,7 +384,7 @@ def test_balance_stage_matches_verl():
         assert [r.extra["indices"] for r in tr.at("balance")] == expect
         metrics = sb.log_seqlen_unbalance(seqlen_list=lengths, partitions=parts, prefix="global_seqlen")
         assert tr.summary["global_seqlen"] == pytest.approx(metrics)
-        before = [sum(lengths[i * len(lengths) // W:(i + 1) * len(lengths) // W]) for i in range(W)]
+        before = [sum(lengths[i * len(lengths) // W : (i + 1) * len(lengths) // W]) for i in range(W)]
         assert [r.extra["tokens_before"] for r in tr.at("balance")] == before
         assert (min(before), max(before)) == (metrics["global_seqlen/min"], metrics["global_seqlen/max"])
 
@@ -350,12 +399,23 @@ def test_engine_dynamic_microbatches_match_verl():
     for trial in range(8):
         n = rng.choice([8, 16, 32])
         budget = rng.choice([1024, 1500, 3000])
-        cfg = cfg_of([f"data.train_batch_size=1", f"{ARR}.rollout.n={n}", "trainer.n_gpus_per_node=1",
-                      f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.rollout.agent.num_workers=1",
-                      f"{ARR}.actor.ppo_mini_batch_size=1", f"{ARR}.actor.use_dynamic_bsz=true",
-                      f"{ARR}.actor.ppo_max_token_len_per_gpu={budget}", "trainer.balance_batch=false",
-                      "data.max_prompt_length=256", "data.max_response_length=512", "algorithm.adv_estimator=grpo"],
-                     "engine")
+        cfg = cfg_of(
+            [
+                "data.train_batch_size=1",
+                f"{ARR}.rollout.n={n}",
+                "trainer.n_gpus_per_node=1",
+                f"{ARR}.rollout.tensor_model_parallel_size=1",
+                f"{ARR}.rollout.agent.num_workers=1",
+                f"{ARR}.actor.ppo_mini_batch_size=1",
+                f"{ARR}.actor.use_dynamic_bsz=true",
+                f"{ARR}.actor.ppo_max_token_len_per_gpu={budget}",
+                "trainer.balance_batch=false",
+                "data.max_prompt_length=256",
+                "data.max_response_length=512",
+                "algorithm.adv_estimator=grpo",
+            ],
+            "engine",
+        )
         lengths = lengths_for_config(cfg, "gsm8k-like", seed=trial)
         tr = plan(cfg, lengths)
         ids = torch.nested.as_nested_tensor([torch.zeros(x, dtype=torch.long) for x in lengths], layout=torch.jagged)
@@ -387,9 +447,17 @@ def test_lengths_profiles():
 # ----------------------------------------------------------------------------------------------------------------
 # speed
 # ----------------------------------------------------------------------------------------------------------------
-BIG = ["data.train_batch_size=1024", f"{ARR}.rollout.n=16", "trainer.n_gpus_per_node=8", "trainer.nnodes=8",
-       f"{ARR}.actor.ppo_mini_batch_size=256", "algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=true",
-       "data.max_prompt_length=1024", "data.max_response_length=2048"]
+BIG = [
+    "data.train_batch_size=1024",
+    f"{ARR}.rollout.n=16",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=8",
+    f"{ARR}.actor.ppo_mini_batch_size=256",
+    "algorithm.adv_estimator=grpo",
+    f"{ARR}.actor.use_kl_loss=true",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=2048",
+]
 
 
 def _median_ms(fn, runs=3):
@@ -406,12 +474,16 @@ def _median_ms(fn, runs=3):
 
 def test_speed_without_lengths():
     seed = cfg_of(SEED_EXAMPLE)
-    big = cfg_of(BIG + [f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4",
-                        f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=16"], "engine")
+    big = cfg_of(
+        BIG + [f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=16"],
+        "engine",
+    )
     plan(seed)
     (c_seed, w_seed), (c_big, w_big) = _median_ms(lambda: plan(seed), 5), _median_ms(lambda: plan(big))
-    print(f"\nplan(seed example): {c_seed:.2f} ms CPU ({w_seed:.2f} wall); "
-          f"plan(16,384 samples, 64 ranks, static): {c_big:.1f} ms CPU ({w_big:.1f} wall)")
+    print(
+        f"\nplan(seed example): {c_seed:.2f} ms CPU ({w_seed:.2f} wall); "
+        f"plan(16,384 samples, 64 ranks, static): {c_big:.1f} ms CPU ({w_big:.1f} wall)"
+    )
     assert c_seed < 100 and c_big < 100
 
 
@@ -430,29 +502,35 @@ def test_speed_with_lengths_16k_on_64_ranks():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# plan and labkit.validate agree on where verl stops
+# plan and labkit.validate.report agree on where verl stops
 # ----------------------------------------------------------------------------------------------------------------
 def test_plan_agrees_with_validate_on_where_verl_stops():
     """Random (often invalid) configs: validate's first worker-init/step-1 error is one of the plan's stage errors,
     and for step-1 errors it is the first stage error in pipeline order, with the same message."""
-    pytest.importorskip("labkit.validate", reason="labkit.validate not written yet")
+    pytest.importorskip("labkit.validate.report", reason="labkit.validate.report not written yet")
     rng = random.Random(2024)
     compared = 0
     for trial in range(70):
         W = rng.choice([1, 2, 4, 6, 8])
-        ov = [f"data.train_batch_size={rng.randint(1, 40)}", f"{ARR}.rollout.n={rng.randint(1, 8)}",
-              f"trainer.n_gpus_per_node={W}", f"{ARR}.rollout.tensor_model_parallel_size={rng.choice([1, 2, 4])}",
-              f"{ARR}.actor.ulysses_sequence_parallel_size={rng.choice([1, 2])}",
-              f"{ARR}.rollout.agent.num_workers={rng.choice([1, 2, 4, 8])}",
-              f"{ARR}.actor.ppo_mini_batch_size={rng.randint(1, 40)}",
-              f"{ARR}.actor.ppo_micro_batch_size_per_gpu={rng.randint(1, 8)}",
-              f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={rng.randint(1, 8)}",
-              f"algorithm.adv_estimator={rng.choice(['grpo', 'gae'])}", f"{ARR}.actor.use_kl_loss={rng.random() < 0.5}",
-              f"{ARR}.actor.use_dynamic_bsz={rng.random() < 0.3}", f"trainer.balance_batch={rng.random() < 0.7}",
-              f"critic.ppo_micro_batch_size_per_gpu={rng.randint(1, 8)}",
-              f"critic.forward_micro_batch_size_per_gpu={rng.randint(1, 8)}",
-              f"{ARR}.actor.ppo_max_token_len_per_gpu={rng.choice([300, 700, 4096])}",
-              f"data.max_response_length={rng.choice([200, 512])}"]
+        ov = [
+            f"data.train_batch_size={rng.randint(1, 40)}",
+            f"{ARR}.rollout.n={rng.randint(1, 8)}",
+            f"trainer.n_gpus_per_node={W}",
+            f"{ARR}.rollout.tensor_model_parallel_size={rng.choice([1, 2, 4])}",
+            f"{ARR}.actor.ulysses_sequence_parallel_size={rng.choice([1, 2])}",
+            f"{ARR}.rollout.agent.num_workers={rng.choice([1, 2, 4, 8])}",
+            f"{ARR}.actor.ppo_mini_batch_size={rng.randint(1, 40)}",
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu={rng.randint(1, 8)}",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu={rng.randint(1, 8)}",
+            f"algorithm.adv_estimator={rng.choice(['grpo', 'gae'])}",
+            f"{ARR}.actor.use_kl_loss={rng.random() < 0.5}",
+            f"{ARR}.actor.use_dynamic_bsz={rng.random() < 0.3}",
+            f"trainer.balance_batch={rng.random() < 0.7}",
+            f"critic.ppo_micro_batch_size_per_gpu={rng.randint(1, 8)}",
+            f"critic.forward_micro_batch_size_per_gpu={rng.randint(1, 8)}",
+            f"{ARR}.actor.ppo_max_token_len_per_gpu={rng.choice([300, 700, 4096])}",
+            f"data.max_response_length={rng.choice([200, 512])}",
+        ]
         for profile in ("legacy", "engine"):
             tr = plan(cfg_of(ov, profile), "gsm8k-like", seed=trial)
             first, errors = tr.summary["first_error"], tr.summary["stage_errors"]
@@ -469,12 +547,22 @@ def test_plan_agrees_with_validate_on_where_verl_stops():
 # ----------------------------------------------------------------------------------------------------------------
 # audit regressions: padding per profile, ref SP on the actor's mesh, where verl really stops
 # ----------------------------------------------------------------------------------------------------------------
-SMALL = ["data.train_batch_size=4", f"{ARR}.rollout.n=2", "trainer.n_gpus_per_node=2",
-         f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.rollout.agent.num_workers=1",
-         f"{ARR}.actor.ppo_mini_batch_size=4", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
-         f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2", f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
-         "trainer.balance_batch=false", "data.max_prompt_length=16", "data.max_response_length=16",
-         "algorithm.adv_estimator=grpo", f"{ARR}.actor.use_kl_loss=true"]
+SMALL = [
+    "data.train_batch_size=4",
+    f"{ARR}.rollout.n=2",
+    "trainer.n_gpus_per_node=2",
+    f"{ARR}.rollout.tensor_model_parallel_size=1",
+    f"{ARR}.rollout.agent.num_workers=1",
+    f"{ARR}.actor.ppo_mini_batch_size=4",
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
+    "trainer.balance_batch=false",
+    "data.max_prompt_length=16",
+    "data.max_response_length=16",
+    "algorithm.adv_estimator=grpo",
+    f"{ARR}.actor.use_kl_loss=true",
+]
 SMALL_LENS = [5, 7, 9, 11, 13, 3, 4, 6]
 
 
@@ -508,24 +596,39 @@ def test_logprob_micro_errors_where_verl_raises_them():
     """validate_config's E3 is keyed on the actor's use_dynamic_bsz: with it on, a static log-prob pass without a
     micro size fails at step 1 (TypeError); a deprecated global size floored to 0 fails in DataProto.split(0)."""
     ov = [o for o in SMALL if "log_prob_micro" not in o] + [
-        f"{ARR}.actor.use_dynamic_bsz=true", f"{ARR}.rollout.log_prob_use_dynamic_bsz=false",
-        f"{ARR}.ref.log_prob_use_dynamic_bsz=false"]
+        f"{ARR}.actor.use_dynamic_bsz=true",
+        f"{ARR}.rollout.log_prob_use_dynamic_bsz=false",
+        f"{ARR}.ref.log_prob_use_dynamic_bsz=false",
+    ]
     err = plan(cfg_of(ov, "legacy"), SMALL_LENS).summary["stage_errors"]
-    assert err["old_log_prob"] == err["ref_log_prob"] == {
-        "code": "X3", "exc_type": "TypeError", "message": "'NoneType' object cannot be interpreted as an integer"}
+    assert (
+        err["old_log_prob"]
+        == err["ref_log_prob"]
+        == {"code": "X3", "exc_type": "TypeError", "message": "'NoneType' object cannot be interpreted as an integer"}
+    )
     assert plan(cfg_of(ov, "engine"), SMALL_LENS).summary["stage_errors"]["ref_log_prob"]["code"] == "X3"
     ov = [o for o in SMALL if "rollout.log_prob_micro" not in o] + [f"{ARR}.rollout.log_prob_micro_batch_size=1"]
     assert plan(cfg_of(ov, "legacy")).summary["stage_errors"]["old_log_prob"] == {
-        "code": "X2", "exc_type": "ValueError", "message": "range() arg 3 must not be zero"}
+        "code": "X2",
+        "exc_type": "ValueError",
+        "message": "range() arg 3 must not be zero",
+    }
 
 
 def test_all_gather_dispatch_chunks_every_call_by_world_size():
     """≤v0.5 DP_COMPUTE_PROTO chunks by W before the worker runs: B·n = 6 on W = 4 (D = 2 with sp 2) stops every
     actor-mesh call, the update included, with E26 over W."""
-    ov = [f"data.train_batch_size=3", f"{ARR}.rollout.n=2", "trainer.n_gpus_per_node=4",
-          f"{ARR}.actor.ulysses_sequence_parallel_size=2", f"{ARR}.rollout.tensor_model_parallel_size=1",
-          f"{ARR}.rollout.agent.num_workers=1", f"{ARR}.actor.ppo_mini_batch_size=3",
-          f"{ARR}.actor.use_dynamic_bsz=true", "algorithm.adv_estimator=grpo"]
+    ov = [
+        "data.train_batch_size=3",
+        f"{ARR}.rollout.n=2",
+        "trainer.n_gpus_per_node=4",
+        f"{ARR}.actor.ulysses_sequence_parallel_size=2",
+        f"{ARR}.rollout.tensor_model_parallel_size=1",
+        f"{ARR}.rollout.agent.num_workers=1",
+        f"{ARR}.actor.ppo_mini_batch_size=3",
+        f"{ARR}.actor.use_dynamic_bsz=true",
+        "algorithm.adv_estimator=grpo",
+    ]
     err = plan(cfg_of(ov, "legacy"), dispatch="all_gather").summary["stage_errors"]
     e26 = "only support equal chunk. Got size of DataProto 6 and chunk 4."
     assert err["old_log_prob"]["message"] == err["update_actor"]["message"] == e26

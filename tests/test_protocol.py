@@ -1,4 +1,4 @@
-"""labkit.protocol against verl 0.9.1's DataProto (the oracle) on random inputs: results, meta and exact errors."""
+"""labkit.protocol.data_proto against verl 0.9.1's DataProto (the oracle) on random inputs: results, meta and exact errors."""
 
 import pickle
 import random
@@ -8,8 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import labkit.protocol as L
-from labkit.protocol_ops import chunk_tensordict as l_chunk_td
+import labkit.protocol.data_proto as L
+from labkit.protocol.ops import chunk_tensordict as l_chunk_td
 
 V = pytest.importorskip("verl.protocol", reason="verl 0.9.1 (the test oracle) is not installed")
 VTU = pytest.importorskip("verl.utils.tensordict_utils")
@@ -59,8 +59,11 @@ def rand_spec(rng: random.Random, n: int, batch: bool | None = None, nt: bool | 
 
 def clone(spec):
     tensors, non_tensors, meta = spec
-    return ({k: v.clone() for k, v in tensors.items()}, {k: v.copy() for k, v in non_tensors.items()},
-            {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in meta.items()})
+    return (
+        {k: v.clone() for k, v in tensors.items()},
+        {k: v.copy() for k, v in non_tensors.items()},
+        {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in meta.items()},
+    )
 
 
 def build(spec, auto_padding: bool = False):
@@ -68,8 +71,11 @@ def build(spec, auto_padding: bool = False):
     out = []
     for mod in (L, V):
         tensors, non_tensors, meta = clone(spec)
-        out.append(mod.DataProto.from_dict(tensors=tensors or None, non_tensors=non_tensors, meta_info=meta,
-                                           auto_padding=auto_padding))
+        out.append(
+            mod.DataProto.from_dict(
+                tensors=tensors or None, non_tensors=non_tensors, meta_info=meta, auto_padding=auto_padding
+            )
+        )
     return out
 
 
@@ -208,8 +214,9 @@ def test_union_parity_and_e44_conflicts():
         kind = rng.randrange(5)
         if kind == 1 and other_t:  # conflicting tensor values
             key = rng.choice(list(other_t))
-            other_t[key] = (other_t[key].to(torch.float32) + 1).to(other_t[key].dtype) if key != "extra" else \
-                other_t[key] + 1
+            other_t[key] = (
+                (other_t[key].to(torch.float32) + 1).to(other_t[key].dtype) if key != "extra" else other_t[key] + 1
+            )
         elif kind == 2:  # different batch size
             m = n + rng.choice([-1, 1]) if n > 1 else 2
             other_t = {"extra": torch.arange(m)}
@@ -275,7 +282,7 @@ def test_padding_parity():
 
 
 def test_padding_worked_example():
-    """verl-reference.md §3: 10 rows to a multiple of 4 → rows 0,1 appended; padding(2) → row 9 twice."""
+    """10 rows to a multiple of 4 → rows 0,1 appended; padding(2) → row 9 twice."""
     data = L.DataProto.from_dict({"i": torch.arange(10)})
     padded, pad = L.pad_dataproto_to_divisor(data, 4)
     assert pad == 2 and padded.batch["i"].tolist() == list(range(10)) + [0, 1]
@@ -335,10 +342,16 @@ def test_select_idxs_and_getitem_parity():
         kind = rng.randrange(8)
         picks = [rng.randint(-n, max(n - 1, 0)) if n else 0 for _ in range(rng.randint(0, n + 2))]
         mask = [rng.random() < 0.5 for _ in range(n)]
-        idx = [picks, mask, np.array(picks, dtype=np.int64), np.array(mask, dtype=bool),
-               torch.tensor(picks, dtype=torch.long), torch.tensor(mask, dtype=torch.bool),
-               slice(rng.randint(-3, n), rng.choice([None, rng.randint(-3, n + 2)]), rng.choice([None, 1, 2, 3])),
-               rng.randint(-n, n) if n else 0][kind]
+        idx = [
+            picks,
+            mask,
+            np.array(picks, dtype=np.int64),
+            np.array(mask, dtype=bool),
+            torch.tensor(picks, dtype=torch.long),
+            torch.tensor(mask, dtype=torch.bool),
+            slice(rng.randint(-3, n), rng.choice([None, rng.randint(-3, n + 2)]), rng.choice([None, 1, 2, 3])),
+            rng.randint(-n, n) if n else 0,
+        ][kind]
         a, b = outcome(lambda: mine[idx]), outcome(lambda: ref[idx])
         assert_outcomes(a, b, f"getitem case {case} n={n} idx={idx!r}")
         if kind < 6:
@@ -350,7 +363,7 @@ def test_select_idxs_and_getitem_parity():
 
 def test_chunk_tensordict_parity_e27():
     rng = random.Random(12)
-    for case in range(CASES):
+    for _ in range(CASES):
         n, k = rng.randint(0, 30), rng.randint(1, 9)
         td = TensorDict({"a": torch.arange(n), "b": torch.randn(n, 2)}, batch_size=(n,))
         a, b = outcome(lambda: l_chunk_td(td, k)), outcome(lambda: VTU.chunk_tensordict(td, k))
@@ -359,8 +372,9 @@ def test_chunk_tensordict_parity_e27():
 
 def test_chunk_tensordict_nested_rows():
     rows = [torch.arange(i + 1) for i in range(6)]
-    td = TensorDict({"ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged), "y": torch.arange(6)},
-                    batch_size=(6,))
+    td = TensorDict(
+        {"ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged), "y": torch.arange(6)}, batch_size=(6,)
+    )
     for mine, ref in zip(l_chunk_td(td, 3), VTU.chunk_tensordict(td, 3)):
         assert [t.tolist() for t in mine["ids"].unbind()] == [t.tolist() for t in ref["ids"].unbind()]
         assert mine["y"].tolist() == ref["y"].tolist()
@@ -381,8 +395,9 @@ def test_select_pop_rename_parity():
         rest = list(mine.batch.keys())
         if rest:
             new = [f"r_{k}" for k in rest]
-            assert_outcomes(outcome(lambda: mine.rename(rest, new)), outcome(lambda: ref.rename(rest, new)),
-                            f"rename {case} {rest}")
+            assert_outcomes(
+                outcome(lambda: mine.rename(rest, new)), outcome(lambda: ref.rename(rest, new)), f"rename {case} {rest}"
+            )
     for bad in [(["a"], ["b", "c"]), (("a",), "b")]:
         d_l, d_v = build(({"a": torch.zeros(2)}, {}, {}))
         assert_outcomes(outcome(lambda: d_l.rename(*bad)), outcome(lambda: d_v.rename(*bad)), f"rename {bad}")
@@ -418,7 +433,7 @@ def test_auto_padding_env_switch(monkeypatch):
 
 def test_pickle_is_numpy_only_and_round_trips():
     rng = random.Random(15)
-    for case in range(200):
+    for _ in range(200):
         mine, _ = build(rand_spec(rng, rand_rows(rng)))
         pieces = mine.chunk(1) + mine.split(3)
         for piece in pieces:
@@ -458,7 +473,7 @@ def test_global_auto_padding_switch():
     data = L.DataProto.from_dict({"x": torch.arange(10)})
     try:
         L.DataProtoConfig.auto_padding = True
-        assert [len(p) for p in data.chunk(4)] == [3, 3, 3, 1]  # verl-reference.md §4: 10 → [3,3,3,1]
+        assert [len(p) for p in data.chunk(4)] == [3, 3, 3, 1]  # auto-padding on: TensorDict chunk, 10 → [3,3,3,1]
         with pytest.raises(AssertionError, match="enabled must be a boolean"):
             L.DataProtoConfig.auto_padding = 1
     finally:

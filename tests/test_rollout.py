@@ -1,4 +1,4 @@
-"""labkit.rollout / labkit.live_rollout: verl's rollout layout, repeat-interleave, real TP through a Ray worker group,
+"""labkit.rl.rollout / labkit.trainer.live_rollout: verl's rollout layout, repeat-interleave, real TP through a Ray worker group,
 seeded sampling, EOS handling, and the planner's generate stage == the live trace for W in {1,2,4} x TP in {1,2},
 both dispatch variants. One Ray session for the module; every group and Ray itself are checked gone afterwards."""
 
@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from labkit import rollout
-from labkit.controller import WorkerGroup, live_groups
-from labkit.live_rollout import LiveRollout, generate_stage_ok, returned, rollout_config
-from labkit.protocol import DataProto
-from labkit.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.protocol.data_proto import DataProto
+from labkit.rl import rollout
+from labkit.runtime.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.runtime.worker_group import WorkerGroup, live_groups
+from labkit.trainer.live_rollout import LiveRollout, generate_stage_ok, returned, rollout_config
 
 CONFIGS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (W, rollout TP); (1, 2) is E23, checked on the driver
 B, N_SAMPLES, RESPONSE, PROMPT = 4, 2, 8, 24
@@ -22,9 +22,16 @@ GREEDY: dict = {}
 
 
 def cfg_for(W: int, tp: int, B: int = B, n: int = N_SAMPLES):
-    return rollout_config([f"trainer.n_gpus_per_node={W}", f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
-                           f"data.train_batch_size={B}", f"actor_rollout_ref.rollout.n={n}",
-                           f"data.max_prompt_length={PROMPT}", f"data.max_response_length={RESPONSE}"])
+    return rollout_config(
+        [
+            f"trainer.n_gpus_per_node={W}",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+            f"data.train_batch_size={B}",
+            f"actor_rollout_ref.rollout.n={n}",
+            f"data.max_prompt_length={PROMPT}",
+            f"data.max_response_length={RESPONSE}",
+        ]
+    )
 
 
 # ---- pure functions (no processes) --------------------------------------------------------------------------------
@@ -137,8 +144,11 @@ def ray_session():
 def live(request, ray_session):
     W, tp = request.param
     lr = LiveRollout(cfg_for(W, tp), launcher="ray", collective_timeout_s=120)
-    assert lr.wg.launcher == "ray" and lr.wg.backend == "gloo" and lr.tp_groups == \
-        [list(range(g * tp, (g + 1) * tp)) for g in range(W // tp)]
+    assert (
+        lr.wg.launcher == "ray"
+        and lr.wg.backend == "gloo"
+        and lr.tp_groups == [list(range(g * tp, (g + 1) * tp)) for g in range(W // tp)]
+    )
     yield lr
     report = lr.close()
     assert report["left_pids"] == [] and not any(p and _alive(p) for p in lr.wg.pids)
@@ -158,8 +168,15 @@ def check_output(out: DataProto, batch: DataProto, n: int) -> None:
     rep = rollout.repeat_for_rollout(batch, n)
     N, P, R = len(rep), rep.batch["input_ids"].shape[1], RESPONSE
     assert set(rollout.OUTPUT_KEYS) <= set(out.batch.keys()) and len(out) == N
-    shapes = {"prompts": (N, P), "responses": (N, R), "response_mask": (N, R), "input_ids": (N, P + R),
-              "attention_mask": (N, P + R), "position_ids": (N, P + R), "response_length": (N,)}
+    shapes = {
+        "prompts": (N, P),
+        "responses": (N, R),
+        "response_mask": (N, R),
+        "input_ids": (N, P + R),
+        "attention_mask": (N, P + R),
+        "position_ids": (N, P + R),
+        "response_length": (N,),
+    }
     assert {k: tuple(out.batch[k].shape) for k in shapes} == shapes
     assert torch.equal(out.batch["prompts"], rep.batch["input_ids"])  # collect order == dispatch order
     assert list(out.non_tensor_batch["uid"]) == list(rep.non_tensor_batch["uid"])
@@ -170,12 +187,12 @@ def check_output(out: DataProto, batch: DataProto, n: int) -> None:
     assert torch.equal(out.batch["response_length"], mask.sum(1)) and int(mask.sum(1).min()) >= 1
     assert torch.equal(out.batch["attention_mask"], torch.cat([rep.batch["attention_mask"], mask], 1))
     pos = out.batch["position_ids"]
-    assert torch.equal(pos[:, P:], pos[:, P - 1:P] + torch.arange(1, R + 1))
+    assert torch.equal(pos[:, P:], pos[:, P - 1 : P] + torch.arange(1, R + 1))
 
 
 @pytest.mark.parametrize("dispatch", ["mesh", "all_gather"])
 def test_prediction_equals_observation(live, dispatch):
-    W, tp = live.sizes["W"], live.sizes["tp"]
+    W, tp = live.sizes.geo.world_size, live.sizes.geo.rollout_tp
     batch = live.batch(seed=11)
     pred = live.predict(batch, dispatch)
     out, trace = live.run(batch, dispatch=dispatch, seed=5)
@@ -210,8 +227,9 @@ def test_greedy_tokens_equal_for_every_W_and_TP(live):
         GREEDY["whole"] = rollout.reference_generate(batch, N_SAMPLES, do_sample=False, response_length=RESPONSE)
     whole = GREEDY["whole"]
     check_output(whole, batch, N_SAMPLES)
-    assert torch.equal(out.batch["responses"], whole.batch["responses"]), \
-        f"greedy tokens of W={live.sizes['W']}, TP={live.sizes['tp']} differ from the whole model's"
+    assert torch.equal(out.batch["responses"], whole.batch["responses"]), (
+        f"greedy tokens of W={live.sizes.geo.world_size}, TP={live.sizes.geo.rollout_tp} differ from the whole model's"
+    )
     assert torch.equal(out.batch["responses"][0::2], out.batch["responses"][1::2])  # greedy: n copies identical
 
 
@@ -220,7 +238,9 @@ def test_seeded_sampling_is_reproducible(live):
     a, _ = live.run(batch, dispatch="mesh", seed=3)
     b, _ = live.run(batch, dispatch="mesh", seed=3)
     assert torch.equal(a.batch["responses"], b.batch["responses"])
-    if live.sizes["W"] // live.sizes["tp"] == 1:  # one replica: its sampling stream is the in-process reference's
+    if (
+        live.sizes.geo.world_size // live.sizes.geo.rollout_tp == 1
+    ):  # one replica: its sampling stream is the in-process reference's
         ref = rollout.reference_generate(batch, N_SAMPLES, seed=3, response_length=RESPONSE)
         assert torch.equal(a.batch["responses"], ref.batch["responses"])
     hot3, _ = live.run(batch, dispatch="mesh", seed=3, temperature=3.0)  # flat enough that seeds must matter
@@ -245,13 +265,13 @@ def test_eos_stops_each_row_at_its_first_eos(live):
         if hits:
             k = hits[0]
             assert int(out.batch["response_length"][i]) == k + 1
-            assert out.batch["responses"][i, :k + 1].tolist() == toks[:k + 1]
+            assert out.batch["responses"][i, : k + 1].tolist() == toks[: k + 1]
         else:  # the row never produced it: same tokens up to the real EOS (or the length cap)
-            assert out.batch["responses"][i, :L - 1].tolist() == toks[:L - 1]
+            assert out.batch["responses"][i, : L - 1].tolist() == toks[: L - 1]
 
 
 def test_uneven_batch_is_verl_e26_and_the_group_survives(live):
-    W, tp = live.sizes["W"], live.sizes["tp"]
+    W, tp = live.sizes.geo.world_size, live.sizes.geo.rollout_tp
     small = rollout.make_gen_batch(3, 0, PROMPT, live.tokenizer)
     for dispatch, chunks in (("mesh", W // tp), ("all_gather", W)):
         if chunks == 1:

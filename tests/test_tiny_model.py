@@ -8,12 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from labkit.tiny_model import (
+from labkit.model.tiny_model import (
     MAX_PROMPT_TOKENS,
     MAX_RESPONSE_TOKENS,
     REPO_ROOT,
@@ -25,7 +24,8 @@ from labkit.tiny_model import (
     load_tiny_tokenizer,
     make_prompts,
 )
-from labkit.tiny_task import EOS_TOKEN, MAX_ANSWER_LEN, OPS, compute_score, compute_scores, make_examples, reference_answer
+from labkit.model.tiny_task import EOS_TOKEN, MAX_ANSWER_LEN, OPS, make_examples, reference_answer
+from labkit.rl.reward import compute_score, compute_scores
 
 SCRIPT = REPO_ROOT / "scripts" / "train_tiny_model.py"
 REPORT = json.loads((TINY_MODEL_DIR / "train_report.json").read_text())
@@ -52,7 +52,14 @@ def model():
 
 def test_shipped_files_fp32_and_small():
     names = {p.name for p in TINY_MODEL_DIR.iterdir()}
-    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "train_report.json"]:
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "train_report.json",
+    ]:
         assert f in names, f
     from safetensors import safe_open
 
@@ -111,7 +118,9 @@ def test_make_prompts_seeded_and_short(tok):
     a, b = make_prompts(64, seed=5, tokenizer=tok), make_prompts(64, seed=5, tokenizer=tok)
     assert a == b and a["texts"] != make_prompts(64, seed=6, tokenizer=tok)["texts"]
     assert max(len(x) for x in a["input_ids"]) <= MAX_PROMPT_TOKENS
-    assert {len(tok(x, add_special_tokens=False)["input_ids"]) for x in a["answers"]} <= set(range(1, MAX_ANSWER_LEN + 1))
+    assert {len(tok(x, add_special_tokens=False)["input_ids"]) for x in a["answers"]} <= set(
+        range(1, MAX_ANSWER_LEN + 1)
+    )
     assert MAX_ANSWER_LEN + 1 <= MAX_RESPONSE_TOKENS
     assert set(a["ops"]) == set(OPS)
 
@@ -119,13 +128,13 @@ def test_make_prompts_seeded_and_short(tok):
 @pytest.mark.parametrize(
     "prompt,response,expected",
     [
-        ("rev 3917=", "7193", 1.0),                                  # correct, EOS stripped by the decoder
-        ("rev 3917=", "7193" + EOS_TOKEN, 1.0),                      # correct, EOS kept
+        ("rev 3917=", "7193", 1.0),  # correct, EOS stripped by the decoder
+        ("rev 3917=", "7193" + EOS_TOKEN, 1.0),  # correct, EOS kept
         ("rev 3917=", "7193" + EOS_TOKEN + "55" + EOS_TOKEN * 2, 1.0),  # tokens after EOS are ignored
-        ("rev 3917=", "3917" + EOS_TOKEN, 0.0),                      # wrong
-        ("rev 3917=", "719" + EOS_TOKEN, 0.0),                       # truncated answer
-        ("rev 3917=", "71935" + EOS_TOKEN, 0.0),                     # extra tokens before EOS
-        ("rev 3917=", "", 0.0),                                      # empty
+        ("rev 3917=", "3917" + EOS_TOKEN, 0.0),  # wrong
+        ("rev 3917=", "719" + EOS_TOKEN, 0.0),  # truncated answer
+        ("rev 3917=", "71935" + EOS_TOKEN, 0.0),  # extra tokens before EOS
+        ("rev 3917=", "", 0.0),  # empty
         ("sort 3917=", "1379", 1.0),
         ("desc 3917=", "9731", 1.0),
         ("desc 3917=", "1379", 0.0),
@@ -134,9 +143,9 @@ def test_make_prompts_seeded_and_short(tok):
         ("len 0070=", "4", 1.0),
         ("max 3917=", "9", 1.0),
         ("max 3917=", "09", 0.0),
-        ("sort 3917=", " 1379", 0.0),                                # a leading space is not the answer
+        ("sort 3917=", " 1379", 0.0),  # a leading space is not the answer
         ("len 1234567890=", "10" + EOS_TOKEN, 1.0),
-        (EOS_TOKEN * 3 + "rev 90=", "09", 1.0),                      # left-padded prompt text
+        (EOS_TOKEN * 3 + "rev 90=", "09", 1.0),  # left-padded prompt text
     ],
 )
 def test_compute_score_hand_cases(prompt, response, expected):
@@ -147,7 +156,11 @@ def test_compute_score_format_credit_ids_and_errors(tok):
     assert compute_score("rev 12=", "12", format_score=0.1) == 0.1  # well-formed but wrong
     assert compute_score("rev 12=", "x2", format_score=0.1) == 0.0  # malformed
     assert compute_score("rev 12=", "21", format_score=0.1) == 1.0
-    ids = [tok.pad_token_id] * 2 + tok("miss 0123456789=", add_special_tokens=False)["input_ids"][:-3] + tok("=")["input_ids"]
+    ids = (
+        [tok.pad_token_id] * 2
+        + tok("miss 0123456789=", add_special_tokens=False)["input_ids"][:-3]
+        + tok("=")["input_ids"]
+    )
     assert compute_score(ids, "89" + EOS_TOKEN) == 1.0 and compute_score(ids, "98") == 0.0
     assert compute_scores(["len 5555555555=", "rev 10="], ["10", "10"]) == [1.0, 0.0]
     for ex in make_examples(300, seed=9):
@@ -167,16 +180,36 @@ def test_first_k_steps_reproduce_recorded_losses(tmp_path):
     on another platform kernels may round differently and 1e-5 relative is allowed.
     """
     r = REPORT
-    argv = ["--steps", str(K_STEPS), "--out", str(tmp_path), "--no-eval", "--seed", str(r["seed"]),
-            "--total-steps", str(r["total_steps"]), "--batch-size", str(r["batch_size"]), "--lr", str(r["lr"]),
-            "--warmup", str(r["warmup"]), "--weight-decay", str(r["weight_decay"]), "--threads", str(r["threads"])]
+    argv = [
+        "--steps",
+        str(K_STEPS),
+        "--out",
+        str(tmp_path),
+        "--no-eval",
+        "--seed",
+        str(r["seed"]),
+        "--total-steps",
+        str(r["total_steps"]),
+        "--batch-size",
+        str(r["batch_size"]),
+        "--lr",
+        str(r["lr"]),
+        "--warmup",
+        str(r["warmup"]),
+        "--weight-decay",
+        str(r["weight_decay"]),
+        "--threads",
+        str(r["threads"]),
+    ]
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
         mine = _script_module().main(argv)
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
-    assert json.loads((tmp_path / "config.json").read_text()) == json.loads((TINY_MODEL_DIR / "config.json").read_text())
+    assert json.loads((tmp_path / "config.json").read_text()) == json.loads(
+        (TINY_MODEL_DIR / "config.json").read_text()
+    )
     assert (tmp_path / "tokenizer.json").read_text() == (TINY_MODEL_DIR / "tokenizer.json").read_text()
     assert len(mine["losses"]) == K_STEPS
     if (mine["torch"], mine["cpu_capability"]) == (r["torch"], r["cpu_capability"]):

@@ -1,7 +1,7 @@
 """Rollout TP on real processes: 2 gloo ranks shard a random-init tiny Qwen2 and must match the unsharded model.
 
-One spawn of 2 ranks runs every TP=2 check and sends numpy/python results back (never torch tensors: the mp-queue hang,
-environment-facts §2); the TP=1 reference runs in the test process from the same saved weights.
+One spawn of 2 ranks runs every TP=2 check and sends numpy/python results back (never torch tensors: a torch tensor through an
+mp queue can hang the parent); the TP=1 reference runs in the test process from the same saved weights.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.tp_comms import tp_collective_counts
-from labkit.tp_model import check_tp_split, shard_model_for_tp, sharded_param_names, tp_generate
+from labkit.model.tp_communications import tp_collective_counts
+from labkit.model.tp_parallel import check_tp_split, shard_model_for_tp, sharded_param_names, tp_generate
 
 LOGIT_ATOL = 1e-5  # fp32; measured max |diff| is ~1e-7 (a row-parallel sum is split in two, then all-reduced)
 GRAD_ATOL = 1e-5
@@ -32,14 +32,32 @@ CFG = dict(
     max_position_embeddings=128,
     tie_word_embeddings=False,
 )
-WATCH = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias",
-         "model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.up_proj.weight",
-         "model.layers.1.mlp.down_proj.weight"]
+WATCH = [
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.k_proj.bias",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.1.mlp.up_proj.weight",
+    "model.layers.1.mlp.down_proj.weight",
+]
 REPLICATED = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "lm_head.weight"]
-GREEDY = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-              temperature=None, top_k=None, top_p=None)
-SAMPLE = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=True, pad_token_id=0,
-              temperature=1.0, top_k=0, top_p=1.0)
+GREEDY = dict(
+    max_new_tokens=NEW_TOKENS,
+    min_new_tokens=NEW_TOKENS,
+    do_sample=False,
+    pad_token_id=0,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+)
+SAMPLE = dict(
+    max_new_tokens=NEW_TOKENS,
+    min_new_tokens=NEW_TOKENS,
+    do_sample=True,
+    pad_token_id=0,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+)
 
 
 def _build(cfg: dict, state_path: str | None = None):
@@ -109,7 +127,10 @@ def _rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
         res["n_replicated"] = sum(p.numel() for n, p in params.items() if n not in sharded)
         res["own_storage"] = all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in params.values())
         res["watch"] = {n: params[n].detach().numpy().copy() for n in WATCH}
-        res["attn_heads"] = (model.model.layers[0].self_attn.num_heads, model.model.layers[0].self_attn.num_key_value_heads)
+        res["attn_heads"] = (
+            model.model.layers[0].self_attn.num_heads,
+            model.model.layers[0].self_attn.num_key_value_heads,
+        )
 
         ids, mask, pos = (torch.from_numpy(a) for a in payload["inputs"])
         t0 = time.perf_counter()
@@ -139,12 +160,14 @@ def _rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
         if payload.get("shipped"):
             from transformers.utils import logging as hf_logging
 
-            from labkit.tiny_model import load_tiny_model
+            from labkit.model.tiny_model import load_tiny_model
 
             hf_logging.disable_progress_bar()  # tqdm's mp lock would outlive os._exit below as a "leaked semaphore"
             tiny = shard_model_for_tp(load_tiny_model(payload["shipped_dir"]), group)
             s_ids, s_mask = (torch.from_numpy(a) for a in payload["shipped"])
-            res["shipped"] = tp_generate(tiny, s_ids, s_mask, {**GREEDY, "pad_token_id": payload["shipped_pad"]}).numpy().copy()
+            res["shipped"] = (
+                tp_generate(tiny, s_ids, s_mask, {**GREEDY, "pad_token_id": payload["shipped_pad"]}).numpy().copy()
+            )
         dist.barrier(group=group)
         dist.destroy_process_group()
         res["t_end"] = time.time()
@@ -153,7 +176,9 @@ def _rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
     out_q.put((rank, res))
     out_q.close()
     out_q.join_thread()  # the results are flushed to the pipe
-    os._exit(0)  # skip interpreter teardown of torch/transformers (seconds on a loaded 2-core box); nothing is left open
+    os._exit(
+        0
+    )  # skip interpreter teardown of torch/transformers (seconds on a loaded 2-core box); nothing is left open
 
 
 def _free_port() -> int:
@@ -164,7 +189,7 @@ def _free_port() -> int:
 
 def _shipped_inputs():
     """Left-padded task prompts for the shipped tiny model, or None when it is not in data/ yet."""
-    from labkit import tiny_model
+    from labkit.model import tiny_model
 
     folder = tiny_model.TINY_MODEL_DIR
     if not (folder / "model.safetensors").exists():
@@ -227,7 +252,9 @@ def test_logits_tp2_equal_tp1(tp_run):
     ref_logits, _ = _forward_and_grads(ref, ids, mask, pos)
     for r in (0, 1):
         diff = np.abs(results[r]["logits"] - ref_logits)[inputs[1].astype(bool)].max()
-        print(f"rank {r}: max |logit diff| = {diff:.2e} (scale {np.abs(ref_logits).max():.2f}); 2-rank job wall {wall:.1f}s")
+        print(
+            f"rank {r}: max |logit diff| = {diff:.2e} (scale {np.abs(ref_logits).max():.2f}); 2-rank job wall {wall:.1f}s"
+        )
         assert diff <= LOGIT_ATOL
     np.testing.assert_array_equal(results[0]["logits"], results[1]["logits"])  # one output per TP group
 
@@ -239,7 +266,9 @@ def test_grads_tp2_are_slices_of_tp1(tp_run):
     for name in WATCH:
         full = ref_grads[name]
         axis = 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
-        np.testing.assert_allclose(np.concatenate([results[r]["grads"][name] for r in (0, 1)], axis=axis), full, atol=GRAD_ATOL)
+        np.testing.assert_allclose(
+            np.concatenate([results[r]["grads"][name] for r in (0, 1)], axis=axis), full, atol=GRAD_ATOL
+        )
     for name in REPLICATED:
         for r in (0, 1):
             np.testing.assert_allclose(results[r]["grads"][name], ref_grads[name], atol=GRAD_ATOL)
@@ -251,7 +280,9 @@ def test_greedy_generate_tp2_equals_tp1(tp_run):
     ids, mask, _ = (torch.from_numpy(a) for a in inputs)
     out = ref.generate(input_ids=ids, attention_mask=mask, **GREEDY, return_dict_in_generate=True, output_scores=True)
     gaps = [float((s.topk(2).values[:, 0] - s.topk(2).values[:, 1]).min()) for s in out.scores]
-    print(f"smallest top-1/top-2 logit gap on the greedy path: {min(gaps):.2e}; TP=2 greedy {results[0]['greedy_s']:.2f}s")
+    print(
+        f"smallest top-1/top-2 logit gap on the greedy path: {min(gaps):.2e}; TP=2 greedy {results[0]['greedy_s']:.2f}s"
+    )
     assert out.sequences.shape == (N_PROMPTS, ids.shape[1] + NEW_TOKENS)
     for r in (0, 1):
         np.testing.assert_array_equal(results[r]["greedy"], out.sequences.numpy())
@@ -307,8 +338,11 @@ def test_collective_counts(tp_run):
     n_layers = CFG["num_hidden_layers"]
     for r in (0, 1):
         assert tp_run[0][r]["counts_fwd"] == {"all_reduce": 2 * n_layers}
-        assert tp_run[0][r]["counts_gen"] == {"all_reduce": 2 * n_layers * NEW_TOKENS, "broadcast": NEW_TOKENS,
-                                              "all_gather": 2}
+        assert tp_run[0][r]["counts_gen"] == {
+            "all_reduce": 2 * n_layers * NEW_TOKENS,
+            "broadcast": NEW_TOKENS,
+            "all_gather": 2,
+        }
 
 
 def test_tp_groups_refuse_different_prompts(tp_run):
@@ -341,7 +375,7 @@ def test_shipped_tiny_model_tp2_greedy_equals_tp1(tp_run):
     results, _, _, shipped, _ = tp_run
     if shipped is None:
         pytest.skip("data/tiny-qwen2/model.safetensors is not there yet (scripts/train_tiny_model.py writes it)")
-    from labkit.tiny_model import load_tiny_model
+    from labkit.model.tiny_model import load_tiny_model
 
     ids, mask, pad = torch.from_numpy(shipped[0]), torch.from_numpy(shipped[1]), shipped[2]
     ref = load_tiny_model(shipped[3]).generate(input_ids=ids, attention_mask=mask, **{**GREEDY, "pad_token_id": pad})

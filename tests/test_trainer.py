@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.controller import live_groups
+from labkit.runtime.worker_group import live_groups
 from labkit.trace import compare
-from labkit.trainer import COMPARED, FIELDS, GRPOTrainer, mean_scores, trainer_config
+from labkit.trainer.grpo_trainer import COMPARED, FIELDS, GRPOTrainer, mean_scores, trainer_config
 
 EXTRA_STEPS = 4  # after the first: 5 GRPO steps in all (about 7 s each on 2 shared cores)
 LR = 1e-3
@@ -44,18 +44,42 @@ def test_bad_config_fails_before_any_process_starts():
     with pytest.raises(ValueError, match="adv_estimator=grpo"):
         GRPOTrainer(["algorithm.adv_estimator=gae"], launcher="local")
     with pytest.raises(ValueError, match=r"ref.ulysses_sequence_parallel_size=1 must equal the actor's 2"):
-        GRPOTrainer(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1"], launcher="local")
+        GRPOTrainer(
+            [
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+            ],
+            launcher="local",
+        )
     assert live_groups() == []
 
 
 def test_full_step_completes_with_verls_metric_names(first):
     metrics, trace, _, batch = first
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "actor/entropy",
-                "critic/score/mean", "critic/advantages/mean", "response_length/mean", "prompt_length/mean",
-                "global_seqlen/min", "global_seqlen/max", "global_seqlen/minmax_diff", "global_seqlen/balanced_max",
-                "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
-                "timing_s/update_weights", "timing_s/step", "perf/total_num_tokens", "perf/throughput"):
+    for key in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/grad_norm",
+        "actor/entropy",
+        "critic/score/mean",
+        "critic/advantages/mean",
+        "response_length/mean",
+        "prompt_length/mean",
+        "global_seqlen/min",
+        "global_seqlen/max",
+        "global_seqlen/minmax_diff",
+        "global_seqlen/balanced_max",
+        "timing_s/gen",
+        "timing_s/reward",
+        "timing_s/old_log_prob",
+        "timing_s/adv",
+        "timing_s/update_actor",
+        "timing_s/update_weights",
+        "timing_s/step",
+        "perf/total_num_tokens",
+        "perf/throughput",
+    ):
         assert key in metrics, key
         assert math.isfinite(metrics[key]), key
     assert "timing_s/ref" not in metrics  # no KL loss → no reference policy, as verl's need_reference_policy
@@ -75,8 +99,9 @@ def test_live_trace_equals_prediction(first):
     assert compare(predicted, trace, stages=["generate"], fields=("rows", "dp_rank", "tp_rank")) == []
     # balance: the planner's KK partition is the one the driver applied, and verl's metrics agree
     assert [r.extra["indices"] for r in trace.at("balance")] == [r.extra["indices"] for r in predicted.at("balance")]
-    assert {k: v for k, v in trace.summary["metrics"].items() if k.startswith("global_seqlen/")} == \
-        predicted.summary["global_seqlen"]
+    assert {k: v for k, v in trace.summary["metrics"].items() if k.startswith("global_seqlen/")} == predicted.summary[
+        "global_seqlen"
+    ]
     # something non-trivial was compared: 2 micro-batches per rank and collectives at the update
     upd = trace.at("update_actor")
     assert all(r.n_micro == 2 and r.collectives.get("reduce_scatter(grads)") == 1 for r in upd)
@@ -106,8 +131,9 @@ def test_grpo_advantages_equal_verls_and_group_by_uid(first):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     # a permutation of the batch gives the same advantages per row (grouping by uid, not by position)
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(0))
-    adv_p, _ = core_algos.compute_grpo_outcome_advantage(b["token_level_rewards"][perm], b["response_mask"][perm],
-                                                        uid[perm.numpy()])
+    adv_p, _ = core_algos.compute_grpo_outcome_advantage(
+        b["token_level_rewards"][perm], b["response_mask"][perm], uid[perm.numpy()]
+    )
     torch.testing.assert_close(adv_p, b["advantages"][perm], rtol=0, atol=1e-6)
 
 
@@ -121,7 +147,7 @@ def test_rollout_samples_from_the_updated_actor(trainer, first):
 def test_the_update_raises_the_log_prob_of_good_samples(trainer, first):
     """After update_actor, Σ advantage · (log π_new − log π_old) over the step's response tokens is > 0: policy
     moved towards the samples GRPO rewarded (the reward curve itself is too noisy at 32 samples per step)."""
-    from labkit import actor_record as ar
+    from labkit.rl import actor_client as ar
 
     batch = first[3]
     new = ar.compute_log_prob(trainer.wg, batch, stage="check_log_prob").batch["old_log_probs"]
@@ -160,7 +186,7 @@ def test_sp_tp_dynamic_kl_step_equals_prediction():
     """Rollout TP 2, Ulysses SP 2 (DP 2), dynamic bsz (budget 64/GPU) and the KL loss (so a ref stage): one step, the
     live trace equals the planner's at balance, old_log_prob, ref_log_prob and update_actor, Ulysses all-to-alls
     included; the group is gone afterwards."""
-    from labkit.widgets_trainer import step_config
+    from labkit.ui.trainer_panels import step_config
 
     cfg = step_config(sp=2, tp=2, dynamic=True, budget=64, use_kl_loss=True)
     with GRPOTrainer(cfg, launcher="local", seed=1, lr=LR, progress=False) as tr:
@@ -181,14 +207,18 @@ def test_config_defaults_are_the_issue_shape():
 
 def _metrics_batch(resp_lens: list[int]):
     """A driver batch (no critic) with the given response lengths (0 = an aborted sample)."""
-    from labkit.protocol import DataProto
+    from labkit.protocol.data_proto import DataProto
 
     g = torch.Generator().manual_seed(len(resp_lens))
     rows, P, R = len(resp_lens), 5, 6
     prompt = (torch.arange(P)[None, :] >= torch.randint(0, P, (rows, 1), generator=g)).long()
     resp = (torch.arange(R)[None, :] < torch.tensor(resp_lens)[:, None]).long()
-    t = {"prompts": torch.ones(rows, P, dtype=torch.long), "responses": torch.ones(rows, R, dtype=torch.long),
-         "attention_mask": torch.cat([prompt, resp], 1), "response_mask": resp}
+    t = {
+        "prompts": torch.ones(rows, P, dtype=torch.long),
+        "responses": torch.ones(rows, R, dtype=torch.long),
+        "attention_mask": torch.cat([prompt, resp], 1),
+        "response_mask": resp,
+    }
     for k in ("token_level_scores", "token_level_rewards", "advantages", "returns"):
         t[k] = torch.randn(rows, R, generator=g) * resp
     return DataProto.from_dict(tensors=t)
@@ -201,11 +231,16 @@ def test_data_metrics_match_verl_compute_data_metrics():
     from verl import DataProto as VerlDataProto
     from verl.trainer.ppo import metric_utils
 
-    from labkit.trainer import data_metrics
+    from labkit.trainer.grpo_trainer import data_metrics
 
     oracle = Path(__file__).resolve().parents[1] / ".oracle" / "verl-0.7.1" / "verl" / "trainer" / "ppo"
-    ns = {"torch": torch, "np": np, "Any": object, "DataProto": VerlDataProto,
-          "_compute_response_info": metric_utils._compute_response_info}
+    ns = {
+        "torch": torch,
+        "np": np,
+        "Any": object,
+        "DataProto": VerlDataProto,
+        "_compute_response_info": metric_utils._compute_response_info,
+    }
     legacy_fn = load_function(oracle / "metric_utils.py", "compute_data_metrics", ns)
     for lens in ([3, 0, 6, 1, 0, 6], [2, 4, 6], [0, 0, 0]):
         b = _metrics_batch(lens)
@@ -222,8 +257,13 @@ def test_data_metrics_match_verl_compute_data_metrics():
                 continue
             mine = data_metrics(b, 6, 5, profile)
             assert set(mine) == set(theirs), set(mine) ^ set(theirs)
-            np.testing.assert_allclose([mine[k] for k in sorted(mine)], [theirs[k] for k in sorted(mine)],
-                                       rtol=1e-6, equal_nan=True, err_msg=f"{profile} {lens}")
+            np.testing.assert_allclose(
+                [mine[k] for k in sorted(mine)],
+                [theirs[k] for k in sorted(mine)],
+                rtol=1e-6,
+                equal_nan=True,
+                err_msg=f"{profile} {lens}",
+            )
     assert data_metrics(_metrics_batch([0, 2]), 6, 5, "legacy")["response/aborted_ratio"] == 0.5
 
 
@@ -231,12 +271,22 @@ def test_kl_in_reward_step_runs_the_ref_and_penalises_the_scores():
     """algorithm.use_kl_in_reward (k1): the ref pass runs, token_level_rewards = scores − β·kl·mask (adaptive β
     logged before its update), verl's actor/reward_kl_penalty{,_coeff} are logged. ray_trainer.apply_kl_penalty.
     With model.use_remove_padding=false, whose engine layout (rows x the micro-batch's longest row) the plan shares."""
-    from labkit.algo import kl_penalty, masked_mean
+    from labkit.rl.algo import kl_penalty, masked_mean
 
-    with GRPOTrainer(["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.type=adaptive",
-                      "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_ctrl.horizon=64",
-                      "actor_rollout_ref.model.use_remove_padding=false"], launcher="local", seed=1,
-                     lr=LR, progress=False) as tr:
+    with GRPOTrainer(
+        [
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_penalty=kl",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.kl_coef=0.5",
+            "algorithm.kl_ctrl.horizon=64",
+            "actor_rollout_ref.model.use_remove_padding=false",
+        ],
+        launcher="local",
+        seed=1,
+        lr=LR,
+        progress=False,
+    ) as tr:
         first = tr.step()  # actor = reference: KL ≈ 0, the adaptive β shrinks by (1 − 0.2·rows/horizon)
         beta = tr.kl_ctrl_in_reward.value
         m = tr.step()  # the actor has moved: KL > 0
@@ -246,8 +296,9 @@ def test_kl_in_reward_step_runs_the_ref_and_penalises_the_scores():
         width = b["attention_mask"].shape[1]
         micros = [mb for r in tr.trace.at("old_log_prob") + tr.trace.at("update_actor") for mb in r.micro_batches]
         assert all(mb.padded_tokens <= mb.rows * width for mb in micros)
-        assert all(mb.padded_tokens >= mb.tokens for mb in micros) and any(mb.padded_tokens > mb.tokens
-                                                                             for mb in micros)
+        assert all(mb.padded_tokens >= mb.tokens for mb in micros) and any(
+            mb.padded_tokens > mb.tokens for mb in micros
+        )
         assert any(mb.padded_tokens < mb.rows * width for mb in micros)  # not the legacy full width
     assert "timing_s/ref" in m and first["actor/reward_kl_penalty_coeff"] == 0.5
     assert beta == pytest.approx(0.5 * (1 - 0.2 * 32 / 64)) and m["actor/reward_kl_penalty_coeff"] == beta

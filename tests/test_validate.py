@@ -1,8 +1,9 @@
-"""labkit.validate: verl's batch-size checks, their order, arithmetic, fixes and speed.
+"""labkit.validate.report: verl's batch-size checks, their order, arithmetic, fixes and speed.
 
-Worked examples are the seed post's config (verl-reference.md, B=60, n=12, W=6, tp=2, M=60, m=8) and the
-claims of §11.1 (A2, A10, A11, A12, A25, A27); every expected message is verl's text from the reference's error
-table. Random configs (the parity module's generator) check invariants: fixes fix, first_error is the first
+Worked examples are the config of docs/pipeline.md (B=60, n=12, W=6, tp=2, M=60, m=8) and common claims about
+it that verl's code contradicts (the test_A* functions: the start-up check is on B x n, not B; the mini-batch size
+matters; rollout.n=13; *_per_gpu keys are never divided; when E20 fires; W=5 with TP=2); every expected message is
+verl's exact text. Random configs (the parity module's generator) check invariants: fixes fix, first_error is the first
 error in order, raise_for raises it.
 """
 
@@ -14,10 +15,18 @@ import time
 
 import pytest
 
-from labkit.config import SEED_EXAMPLE, load_config
-from labkit.validate import (
-    Report, VerlAssertionError, VerlCheckError, VerlValueError, check, dp_size, mini_batch_arithmetic,
-    normalized_mini, raise_for, rows_per_rank,
+from labkit.config.verl_config import SEED_EXAMPLE, load_config
+from labkit.validate.report import (
+    Report,
+    VerlAssertionError,
+    VerlCheckError,
+    VerlValueError,
+    check,
+    dp_size,
+    mini_batch_arithmetic,
+    normalized_mini,
+    raise_for,
+    rows_per_rank,
 )
 
 ACT, RO, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
@@ -32,7 +41,7 @@ def first_startup(report: Report):
     return next((f for f in report.errors if f.when == "start-up"), None)
 
 
-# -- the seed example ---------------------------------------------------------------------------------------------
+# -- the worked example -------------------------------------------------------------------------------------------
 def test_seed_example_passes_with_the_posts_arithmetic_legacy():
     r = check(cfg_of())
     assert r.ok and r.first_error is None and not r.silent, str(r)
@@ -56,22 +65,29 @@ def test_seed_example_passes_engine_with_the_same_numbers():
     assert normalized_mini(cfg_of(profile="engine")) == 120
 
 
-# -- §11.1 claims --------------------------------------------------------------------------------------------------
+# -- claims verl's code contradicts --------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", PROFILES)
 def test_A2_the_check_is_on_B_times_n_not_B(profile):
-    base = ["trainer.n_gpus_per_node=6", f"{ACT}.ppo_micro_batch_size_per_gpu=1",
-            f"{RO}.log_prob_micro_batch_size_per_gpu=1", "algorithm.adv_estimator=grpo"]
-    ok = check(cfg_of("data.train_batch_size=3", f"{RO}.n=2", f"{ACT}.ppo_mini_batch_size=3", base=base,
-                      profile=profile))
+    base = [
+        "trainer.n_gpus_per_node=6",
+        f"{ACT}.ppo_micro_batch_size_per_gpu=1",
+        f"{RO}.log_prob_micro_batch_size_per_gpu=1",
+        "algorithm.adv_estimator=grpo",
+    ]
+    ok = check(
+        cfg_of("data.train_batch_size=3", f"{RO}.n=2", f"{ACT}.ppo_mini_batch_size=3", base=base, profile=profile)
+    )
     assert first_startup(ok) is None  # B=3 is not a multiple of 6 GPUs, B x n = 6 is
-    bad = check(cfg_of("data.train_batch_size=7", f"{RO}.n=1", f"{ACT}.ppo_mini_batch_size=7", base=base,
-                       profile=profile))
+    bad = check(
+        cfg_of("data.train_batch_size=7", f"{RO}.n=1", f"{ACT}.ppo_mini_batch_size=7", base=base, profile=profile)
+    )
     f = bad.first_error
     assert (f.code, f.exc_type, f.when) == ("E1", "AssertionError", "start-up")
     assert f.message == "real_train_batch_size (7) must be divisible by minimal possible batch size (6)"
     assert f.arithmetic[-1] == "7 % 6 != 0"
-    dyn = check(cfg_of("data.train_batch_size=7", f"{RO}.n=1", f"{ACT}.use_dynamic_bsz=true", base=base,
-                       profile=profile))
+    dyn = check(
+        cfg_of("data.train_batch_size=7", f"{RO}.n=1", f"{ACT}.use_dynamic_bsz=true", base=base, profile=profile)
+    )
     assert first_startup(dyn) is None and "E1" not in [c.code for c in dyn.checks]  # E1 skipped when dynamic
     assert dyn.first_error.when == "step 1"  # ... but the step still needs B x n divisible (agent split / E38)
 
@@ -84,13 +100,18 @@ def test_A10_mini_batch_size_matters_legacy_floors_silently_engine_asserts():
     assert "mini-batches per epoch = ceil(120 / 50) = 3" in s1.arithmetic  # 3 optimizer steps, not 1
     s2 = next(f for f in legacy.silent if f.code == "S2")
     assert "last mini-batch weight = 2/5 of a full one" in s2.arithmetic
-    engine = check(cfg_of(f"{ACT}.ppo_mini_batch_size=25", f"{ACT}.ppo_micro_batch_size_per_gpu=10",
-                          profile="engine"))
+    engine = check(cfg_of(f"{ACT}.ppo_mini_batch_size=25", f"{ACT}.ppo_micro_batch_size_per_gpu=10", profile="engine"))
     f = engine.first_error
     assert (f.code, f.message, f.when) == ("E29", "120 % 50 != 0", "step 1")
     # (M x n) % D != 0: legacy floors (M' = 1) without a word, the engine raises E28
-    args = ["data.train_batch_size=64", f"{RO}.n=1", "trainer.n_gpus_per_node=8", f"{ACT}.ppo_mini_batch_size=12",
-            f"{ACT}.ppo_micro_batch_size_per_gpu=1", f"{RO}.log_prob_micro_batch_size_per_gpu=1"]
+    args = [
+        "data.train_batch_size=64",
+        f"{RO}.n=1",
+        "trainer.n_gpus_per_node=8",
+        f"{ACT}.ppo_mini_batch_size=12",
+        f"{ACT}.ppo_micro_batch_size_per_gpu=1",
+        f"{RO}.log_prob_micro_batch_size_per_gpu=1",
+    ]
     legacy = check(cfg_of(*args))
     assert legacy.ok and "M' = (12 x 1) // (8 // 1) = 1" in legacy.arithmetic()
     f = check(cfg_of(*args, profile="engine")).first_error
@@ -108,8 +129,10 @@ def test_A11_rollout_n_13_on_6_gpus(profile):
     assert f.message == "only support equal chunk. Got size of DataProto 780 and chunk 8."
     no_micro = check(cfg_of(f"~{ACT}.ppo_micro_batch_size_per_gpu", profile=profile)).first_error
     assert (no_micro.code, no_micro.exc_type, no_micro.when) == ("E7", "AssertionError", "start-up")
-    assert no_micro.message == ("[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
-                                "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled.")
+    assert no_micro.message == (
+        "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+        "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled."
+    )
 
 
 def test_A11_legacy_worker_fails_E21_with_m_8():
@@ -129,17 +152,33 @@ def test_A12_per_gpu_log_prob_micro_is_never_divided():
     s4 = next(f for f in deprecated.silent if f.code == "S4")
     assert s4.arithmetic == ["8 // (6 // 1) = 1"]  # only the deprecated global key is floor-divided
     assert "old_log_prob: 120 rows / 1 per micro-batch = 120 micro-batches of 1" in deprecated.arithmetic()
-    engine = check(cfg_of(f"~{RO}.log_prob_micro_batch_size_per_gpu", f"{RO}.log_prob_micro_batch_size=8",
-                          profile="engine")).first_error
+    engine = check(
+        cfg_of(f"~{RO}.log_prob_micro_batch_size_per_gpu", f"{RO}.log_prob_micro_batch_size=8", profile="engine")
+    ).first_error
     assert (engine.code, engine.when, engine.message) == ("B2", "worker init", "")  # bare assert, unusable key
 
 
-@pytest.mark.parametrize("M,n,W,sp,fires", [(4, 1, 8, 1, True), (4, 2, 8, 1, False), (4, 1, 8, 2, False),
-                                            (1, 7, 8, 1, True), (1, 8, 8, 1, False), (3, 2, 8, 4, False)])
+@pytest.mark.parametrize(
+    "M,n,W,sp,fires",
+    [
+        (4, 1, 8, 1, True),
+        (4, 2, 8, 1, False),
+        (4, 1, 8, 2, False),
+        (1, 7, 8, 1, True),
+        (1, 8, 8, 1, False),
+        (3, 2, 8, 4, False),
+    ],
+)
 def test_A25_E20_fires_exactly_when_M_times_n_below_W_over_sp(M, n, W, sp, fires):
-    c = cfg_of(f"data.train_batch_size={W}", f"{RO}.n={n}", f"trainer.n_gpus_per_node={W}",
-               f"{ACT}.ppo_mini_batch_size={M}", f"{ACT}.ulysses_sequence_parallel_size={sp}",
-               f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.use_dynamic_bsz=true")
+    c = cfg_of(
+        f"data.train_batch_size={W}",
+        f"{RO}.n={n}",
+        f"trainer.n_gpus_per_node={W}",
+        f"{ACT}.ppo_mini_batch_size={M}",
+        f"{ACT}.ulysses_sequence_parallel_size={sp}",
+        f"~{ACT}.ppo_micro_batch_size_per_gpu",
+        f"{ACT}.use_dynamic_bsz=true",
+    )
     e20 = next(f for f in check(c).checks if f.code == "E20")
     assert (e20.severity == "error") == fires == (M * n < W // sp)
     assert e20.arithmetic == [f"M' = ({M} x {n}) // ({W} // {sp}) = {M * n // (W // sp)}"]
@@ -158,20 +197,37 @@ def test_A27_five_gpus_with_tp_2_is_a_hard_assert(profile):
 
 # -- arithmetic style, when/where, order ---------------------------------------------------------------------------
 def test_failure_arithmetic_in_the_floor_division_style():
-    c = cfg_of(f"{RO}.n=1", "trainer.n_gpus_per_node=8", f"{ACT}.ulysses_sequence_parallel_size=2",
-               f"{ACT}.ppo_micro_batch_size_per_gpu=4", f"{ACT}.use_dynamic_bsz=true")
+    c = cfg_of(
+        f"{RO}.n=1",
+        "trainer.n_gpus_per_node=8",
+        f"{ACT}.ulysses_sequence_parallel_size=2",
+        f"{ACT}.ppo_micro_batch_size_per_gpu=4",
+        f"{ACT}.use_dynamic_bsz=true",
+    )
     e21 = next(f for f in check(c).errors if f.code == "E21")  # checked even with dynamic batch size
     assert e21.arithmetic == ["M' = (60 x 1) // (8 // 2) = 15", "15 % 4 != 0"]
 
 
-@pytest.mark.parametrize("overrides,code,when", [
-    ([f"{ACT}.loss_agg_mode=token-sum"], "E8", "start-up"),
-    ([f"{ACT}.ppo_mini_batch_size=61"], "E9", "start-up"),
-    ([f"{RO}.mode=sync"], "E25", "worker init"),
-    ([f"{ACT}.use_dynamic_bsz=true", f"~{ACT}.ppo_micro_batch_size_per_gpu", "data.train_batch_size=61", f"{RO}.n=1",
-      f"{RO}.agent.num_workers=1"], "E38", "step 1"),
-    ([f"{ACT}.use_dynamic_bsz=true", f"{ACT}.ppo_max_token_len_per_gpu=512"], "E31", "step 1"),
-])
+@pytest.mark.parametrize(
+    "overrides,code,when",
+    [
+        ([f"{ACT}.loss_agg_mode=token-sum"], "E8", "start-up"),
+        ([f"{ACT}.ppo_mini_batch_size=61"], "E9", "start-up"),
+        ([f"{RO}.mode=sync"], "E25", "worker init"),
+        (
+            [
+                f"{ACT}.use_dynamic_bsz=true",
+                f"~{ACT}.ppo_micro_batch_size_per_gpu",
+                "data.train_batch_size=61",
+                f"{RO}.n=1",
+                f"{RO}.agent.num_workers=1",
+            ],
+            "E38",
+            "step 1",
+        ),
+        ([f"{ACT}.use_dynamic_bsz=true", f"{ACT}.ppo_max_token_len_per_gpu=512"], "E31", "step 1"),
+    ],
+)
 def test_when_and_exception_type(overrides, code, when):
     f = check(cfg_of(*overrides)).first_error
     assert (f.code, f.when) == (code, when), str(check(cfg_of(*overrides)))
@@ -179,11 +235,16 @@ def test_when_and_exception_type(overrides, code, when):
 
 
 def test_legacy_E31_uses_the_padded_width_engine_the_longest_row():
-    c = ["data.max_prompt_length=512", "data.max_response_length=1024", f"{ACT}.use_dynamic_bsz=true",
-         f"{ACT}.ppo_max_token_len_per_gpu=1200"]
+    c = [
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        f"{ACT}.use_dynamic_bsz=true",
+        f"{ACT}.ppo_max_token_len_per_gpu=1200",
+    ]
     f = check(cfg_of(*c)).first_error
-    assert f.message == ("max_token_len must be greater than the sequence length. Got max_token_len=1200 and "
-                         "max_seq_len=1536")
+    assert f.message == (
+        "max_token_len must be greater than the sequence length. Got max_token_len=1200 and max_seq_len=1536"
+    )
     engine = check(cfg_of(*c, profile="engine"))
     cond = [f for f in engine.findings if f.code == "E31"]
     assert engine.ok and cond and all(f.severity == "notice" for f in cond)  # only if a row is that long
@@ -197,29 +258,48 @@ def test_ulysses_head_asserts_with_head_counts():
     c = cfg_of(f"{ACT}.ulysses_sequence_parallel_size=2")
     assert check(c, 14, 2).ok
     f = check(c, 15, 2).first_error
-    assert (f.code, f.when, f.message) == ("E41", "worker init", "num_attention_heads 15 must be divisible by "
-                                                                  "ulysses_sp_size 2")
-    c4 = cfg_of("trainer.n_gpus_per_node=4", "data.train_batch_size=64", f"{ACT}.ppo_mini_batch_size=64",
-                f"{ACT}.ulysses_sequence_parallel_size=4")
+    assert (f.code, f.when, f.message) == (
+        "E41",
+        "worker init",
+        "num_attention_heads 15 must be divisible by ulysses_sp_size 2",
+    )
+    c4 = cfg_of(
+        "trainer.n_gpus_per_node=4",
+        "data.train_batch_size=64",
+        f"{ACT}.ppo_mini_batch_size=64",
+        f"{ACT}.ulysses_sequence_parallel_size=4",
+    )
     assert check(c4, 16, 2).ok  # kv 2 < sp 4: heads repeated
     f = check(c4, 16, 6).first_error
     assert f.code == "E42" and f.message == (
         "num_key_value_heads 6 must be divisible by ulysses_sp_size 4or vise versa. Upon ulysses_sp_size % "
-        "num_key_value_heads == 0,kv heads are repeated to ensure correctness.")
+        "num_key_value_heads == 0,kv heads are repeated to ensure correctness."
+    )
     assert "ulysses_sequence_parallel_size=2" in f.fixes[0]
 
 
 def test_worker_init_order_legacy_actor_then_critic_then_rollout():
-    c = cfg_of(f"{RO}.n=13", "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=7",
-               f"{RO}.mode=sync", "trainer.n_gpus_per_node=6")
+    c = cfg_of(
+        f"{RO}.n=13",
+        "algorithm.adv_estimator=gae",
+        "critic.ppo_micro_batch_size_per_gpu=7",
+        f"{RO}.mode=sync",
+        "trainer.n_gpus_per_node=6",
+    )
     init = [(f.code, f._role) for f in check(c).errors if f.when == "worker init"]
     assert init == [("E21", "actor"), ("E21", "critic"), ("E25", "rollout")]
 
 
 def test_engine_worker_init_order_ref_then_actor_then_rollout():
-    c = cfg_of(f"{ACT}.use_kl_loss=true", f"{ACT}.use_dynamic_bsz=true", f"{RO}.log_prob_use_dynamic_bsz=false",
-               f"{REF}.log_prob_use_dynamic_bsz=false", f"~{REF}.log_prob_micro_batch_size_per_gpu",
-               "trainer.n_gpus_per_node=5", profile="engine")
+    c = cfg_of(
+        f"{ACT}.use_kl_loss=true",
+        f"{ACT}.use_dynamic_bsz=true",
+        f"{RO}.log_prob_use_dynamic_bsz=false",
+        f"{REF}.log_prob_use_dynamic_bsz=false",
+        f"~{REF}.log_prob_micro_batch_size_per_gpu",
+        "trainer.n_gpus_per_node=5",
+        profile="engine",
+    )
     errs = [(f.code, f.when) for f in check(c).errors]
     assert errs[:3] == [("E7", "worker init"), ("B1", "worker init"), ("E23", "worker init")]
 
@@ -227,11 +307,21 @@ def test_engine_worker_init_order_ref_then_actor_then_rollout():
 def test_critic_quirk_E14_and_E22_for_the_critic():
     f = check(cfg_of("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=4")).first_error
     assert f.code == "E14" and f.message.startswith("[critic] You have set both 'critic.micro_batch_size' AND")
-    c = cfg_of("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1", "critic.ppo_mini_batch_size=1",
-               "trainer.n_gpus_per_node=8", f"{RO}.n=4", "data.train_batch_size=64", f"{ACT}.ppo_mini_batch_size=64")
+    c = cfg_of(
+        "algorithm.adv_estimator=gae",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_mini_batch_size=1",
+        "trainer.n_gpus_per_node=8",
+        f"{RO}.n=4",
+        "data.train_batch_size=64",
+        f"{ACT}.ppo_mini_batch_size=64",
+    )
     f = check(c).first_error  # the critic has no E20: a zero normalised mini surfaces as E22
-    assert (f.code, f._role, f.message) == ("E22", "critic", "normalized ppo_mini_batch_size 0 should be larger than "
-                                                             "ppo_micro_batch_size_per_gpu 1")
+    assert (f.code, f._role, f.message) == (
+        "E22",
+        "critic",
+        "normalized ppo_mini_batch_size 0 should be larger than ppo_micro_batch_size_per_gpu 1",
+    )
 
 
 def test_notices_are_not_errors():
@@ -242,12 +332,17 @@ def test_notices_are_not_errors():
 @pytest.mark.parametrize("profile", PROFILES)
 def test_snapshot_reads_the_profiles_defaults(profile):
     """Every value the rules read equals cfg.get (profile defaults included: critic rmpad is false in 0.7.1)."""
-    from labkit.validate_rules import _SNAP_KEYS, Snap
+    from labkit.validate.startup import _SNAP_KEYS, Snap
+
     for cfg in (load_config(profile=profile), cfg_of(profile=profile)):
         s = Snap(cfg)
         assert {n: getattr(s, n) for n in _SNAP_KEYS} == {n: cfg.get(p) for n, p in _SNAP_KEYS.items()}
-    legacy_sp2 = cfg_of("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2",
-                        "critic.ppo_micro_batch_size_per_gpu=4", profile=profile)
+    legacy_sp2 = cfg_of(
+        "algorithm.adv_estimator=gae",
+        "critic.ulysses_sequence_parallel_size=2",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        profile=profile,
+    )
     f = check(legacy_sp2, fixes=False).first_error
     if profile == "legacy":  # verl 0.7.1 FSDPCriticConfig.__post_init__, critic.model.use_remove_padding: false
         assert (f.code, f.exc_type, f.when) == ("E18", "ValueError", "start-up")
@@ -272,6 +367,7 @@ def test_raise_for_raises_verls_exception_type_and_text():
 # -- invariants on random configs ---------------------------------------------------------------------------------
 def _random_configs(k: int):
     from test_validate_parity import random_config
+
     rng = random.Random(7)
     return [random_config(rng, PROFILES[i % 2]) for i in range(k)]
 
@@ -316,9 +412,13 @@ def test_report_str_is_a_readable_verdict():
 
 # -- speed: the widget calls check() on every slider move ---------------------------------------------------------
 def test_check_is_fast_on_slider_moves():
-    sliders = {"data.train_batch_size": range(8, 129, 8), f"{RO}.n": range(1, 17),
-               f"{ACT}.ppo_mini_batch_size": range(4, 61, 4), f"{ACT}.ppo_micro_batch_size_per_gpu": range(1, 17),
-               "trainer.n_gpus_per_node": range(1, 9)}
+    sliders = {
+        "data.train_batch_size": range(8, 129, 8),
+        f"{RO}.n": range(1, 17),
+        f"{ACT}.ppo_mini_batch_size": range(4, 61, 4),
+        f"{ACT}.ppo_micro_batch_size_per_gpu": range(1, 17),
+        "trainer.n_gpus_per_node": range(1, 9),
+    }
     times = []
     for profile in PROFILES:
         base = cfg_of(profile=profile)
@@ -341,9 +441,8 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
     from pathlib import Path
 
     import verl
-    from omegaconf import OmegaConf
-
     from _oracle_legacy import load_function
+    from omegaconf import OmegaConf
 
     src = Path(verl.__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
     required = load_function(src, "_get_required_batch_multiple", {"math": math}, cls="PPOTrainer")
@@ -353,13 +452,27 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
         B, n, gpn = rng.randint(1, 40), rng.choice([1, 2, 3, 4, 5, 8]), rng.choice([1, 2, 3, 4, 6, 8])
         M, cM, warm = rng.randint(1, B), rng.randint(1, B), rng.choice([0, 0, 0, 3])
         adv = rng.choice(["gae", "grpo"])
-        cfg = cfg_of(f"data.train_batch_size={B}", f"actor_rollout_ref.rollout.n={n}",
-                     f"trainer.n_gpus_per_node={gpn}", f"actor_rollout_ref.actor.ppo_mini_batch_size={M}",
-                     f"critic.ppo_mini_batch_size={cM}", f"trainer.critic_warmup={warm}",
-                     f"algorithm.adv_estimator={adv}", profile="engine")
-        stub = types.SimpleNamespace(use_critic=cfg.need_critic, global_steps=1, config=OmegaConf.create(
-            {"critic": {"ppo_mini_batch_size": cM}, "trainer": {"critic_warmup": warm},
-             "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": M}}}))
+        cfg = cfg_of(
+            f"data.train_batch_size={B}",
+            f"actor_rollout_ref.rollout.n={n}",
+            f"trainer.n_gpus_per_node={gpn}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={M}",
+            f"critic.ppo_mini_batch_size={cM}",
+            f"trainer.critic_warmup={warm}",
+            f"algorithm.adv_estimator={adv}",
+            profile="engine",
+        )
+        stub = types.SimpleNamespace(
+            use_critic=cfg.need_critic,
+            global_steps=1,
+            config=OmegaConf.create(
+                {
+                    "critic": {"ppo_mini_batch_size": cM},
+                    "trainer": {"critic_warmup": warm},
+                    "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": M}},
+                }
+            ),
+        )
         multiple = required(stub, gpn)  # sp = 1: dp_size = W
         pad = multiple - (B * n) % multiple if (B * n) % multiple else 0  # upsample_batch_to_divisible_size
         notes = [f for f in check(cfg, fixes=False).findings if f.code == "V1"]
@@ -372,11 +485,18 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
         off = cfg.copy().override(["trainer.use_v1=false"])
         assert not [f for f in check(off, fixes=False).findings if f.code == "V1"]
     assert fired > 30
-    unbalanced = cfg_of("data.train_batch_size=8", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1",
-                        "trainer.balance_batch=false", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                        "critic.ppo_mini_batch_size=8", profile="engine")  # nothing to pad, but v1 balances anyway
+    unbalanced = cfg_of(
+        "data.train_batch_size=8",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.rollout.n=1",
+        "trainer.balance_batch=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        profile="engine",
+    )  # nothing to pad, but v1 balances anyway
     notes = [f for f in check(unbalanced, fixes=False).findings if f.code == "V1"]
     assert len(notes) == 1 and "balance_batch=false" in notes[0].explanation and "appends" not in notes[0].explanation
-    legacy = cfg_of("data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1",
-                    profile="legacy")
+    legacy = cfg_of(
+        "data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1", profile="legacy"
+    )
     assert not [f for f in check(legacy, fixes=False).findings if f.code == "V1"]

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from labkit.config import SEED_EXAMPLE, VerlConfig, load_config
-from labkit.config_keys import KEYS
-from labkit.validate import check
+from labkit.config.keys import KEYS
+from labkit.config.verl_config import SEED_EXAMPLE, VerlConfig, load_config
+from labkit.validate.report import check
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE_071 = ROOT / ".oracle" / "verl-0.7.1"
@@ -199,8 +199,13 @@ def random_config(rng: random.Random, profile: str) -> VerlConfig:
     W = gpn * nnodes
     n = pick([1, 2, 3, 4, 5, 8, 12, 13, 16])
     B = pick([rng.randint(1, 96), W * rng.randint(1, 12), 60, 64, 7])
-    v = {"trainer.n_gpus_per_node": gpn, "trainer.nnodes": nnodes, "data.train_batch_size": B, f"{RO}.n": n,
-         f"{RO}.name": "hf"}
+    v = {
+        "trainer.n_gpus_per_node": gpn,
+        "trainer.nnodes": nnodes,
+        "data.train_batch_size": B,
+        f"{RO}.n": n,
+        f"{RO}.name": "hf",
+    }
     if rng.random() < 0.8:
         v[f"{ACT}.ppo_mini_batch_size"] = pick([B, max(1, B // 2), max(1, B // 4), rng.randint(1, B + 8)])
     if rng.random() < 0.75:
@@ -258,27 +263,44 @@ def random_config(rng: random.Random, profile: str) -> VerlConfig:
     return cfg
 
 
-SEED = ["data.train_batch_size=60", f"{RO}.n=12", "trainer.n_gpus_per_node=6", f"{ACT}.ppo_mini_batch_size=60",
-        f"{ACT}.ppo_micro_batch_size_per_gpu=8", f"{RO}.log_prob_micro_batch_size_per_gpu=8",
-        f"{REF}.log_prob_micro_batch_size_per_gpu=8", "algorithm.adv_estimator=gae",
-        "critic.model.use_remove_padding=true"]
+SEED = [
+    "data.train_batch_size=60",
+    f"{RO}.n=12",
+    "trainer.n_gpus_per_node=6",
+    f"{ACT}.ppo_mini_batch_size=60",
+    f"{ACT}.ppo_micro_batch_size_per_gpu=8",
+    f"{RO}.log_prob_micro_batch_size_per_gpu=8",
+    f"{REF}.log_prob_micro_batch_size_per_gpu=8",
+    "algorithm.adv_estimator=gae",
+    "critic.model.use_remove_padding=true",
+]
 TARGETED = [  # one config per rarer message, so every check is exercised whatever the random draw
-    ["critic.ppo_micro_batch_size=4"],                                                       # E14 (the quirk)
-    ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=64"],              # E16
-    ["critic.ppo_micro_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=null"],           # E17
-    ["critic.ppo_micro_batch_size=7", "critic.ppo_micro_batch_size_per_gpu=null"],           # E15
-    ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ulysses_sequence_parallel_size=2",
-     "critic.model.use_remove_padding=false"],                                                # E18 (legacy only)
-    ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ulysses_sequence_parallel_size=2",
-     "~critic.model.use_remove_padding"],                                                     # E18 via 0.7.1's default
-    [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=4"],              # E11
-    [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=7"],              # E10
-    ["critic.ppo_micro_batch_size_per_gpu=4", f"{ACT}.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
-     "data.val_batch_size=8"],                                                                # N1 + N2, passes
+    ["critic.ppo_micro_batch_size=4"],  # E14 (the quirk)
+    ["critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=64"],  # E16
+    ["critic.ppo_micro_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=null"],  # E17
+    ["critic.ppo_micro_batch_size=7", "critic.ppo_micro_batch_size_per_gpu=null"],  # E15
+    [
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "critic.ulysses_sequence_parallel_size=2",
+        "critic.model.use_remove_padding=false",
+    ],  # E18 (legacy only)
+    [
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "critic.ulysses_sequence_parallel_size=2",
+        "~critic.model.use_remove_padding",
+    ],  # E18 via 0.7.1's default
+    [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=4"],  # E11
+    [f"~{ACT}.ppo_micro_batch_size_per_gpu", f"{ACT}.ppo_micro_batch_size=7"],  # E10
+    [
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        f"{ACT}.use_kl_loss=true",
+        "algorithm.use_kl_in_reward=true",
+        "data.val_batch_size=8",
+    ],  # N1 + N2, passes
     [f"{ACT}.use_dynamic_bsz=true", "data.train_batch_size=7", f"{ACT}.ppo_mini_batch_size=64"],  # dynamic skips
     ["algorithm.adv_estimator=grpo", f"{ACT}.use_kl_loss=true", f"~{REF}.log_prob_micro_batch_size_per_gpu"],  # E3
-    [f"{RO}.log_prob_micro_batch_size=8"],                                                    # E4
-    [f"{ACT}.ppo_micro_batch_size=8"],                                                        # E6
+    [f"{RO}.log_prob_micro_batch_size=8"],  # E4
+    [f"{ACT}.ppo_micro_batch_size=8"],  # E6
 ]
 
 
@@ -294,22 +316,52 @@ STEP_CASES = [
     ("legacy", DYN1 + ["data.train_batch_size=2", f"{ACT}.ppo_mini_batch_size=6"], {}, "E36", ("kk", 2, 6)),
     ("legacy", DYN1 + ["data.train_batch_size=61", "trainer.balance_batch=false"], {}, "E26", ("dp_chunk", 61, 6)),
     ("engine", DYN1 + ["data.train_batch_size=61", "trainer.balance_batch=false"], {}, "E27", ("td_chunk", 61, 6)),
-    ("engine", [f"{ACT}.ppo_mini_batch_size=25", f"{ACT}.ppo_micro_batch_size_per_gpu=10"], {}, "E29",
-     ("iter", 60 * 12 // 6, 25 * 12 // 6)),
+    (
+        "engine",
+        [f"{ACT}.ppo_mini_batch_size=25", f"{ACT}.ppo_micro_batch_size_per_gpu=10"],
+        {},
+        "E29",
+        ("iter", 60 * 12 // 6, 25 * 12 // 6),
+    ),
     ("engine", [f"{RO}.log_prob_micro_batch_size_per_gpu=7"], {}, "E30", ("prepare_static", 60 * 12 // 6, 7)),
-    ("engine", [f"{ACT}.ppo_mini_batch_size=20", f"{ACT}.ppo_micro_batch_size_per_gpu=3"], {}, "E30",
-     ("prepare_static", 20 * 12 // 6, 3)),
-    ("legacy", [f"{ACT}.use_dynamic_bsz=true", f"{ACT}.ppo_max_token_len_per_gpu=1000",
-                "data.max_prompt_length=512", "data.max_response_length=1024"], {}, "E31",
-     ("rearrange_padded", 4, 512 + 1024, 1000)),
-    ("engine", [f"{ACT}.use_dynamic_bsz=true", f"{ACT}.ppo_max_token_len_per_gpu=1000"], {"max_seq_len": 1200}, "E31",
-     ("rearrange_nested", 4, 1200, 1000)),
+    (
+        "engine",
+        [f"{ACT}.ppo_mini_batch_size=20", f"{ACT}.ppo_micro_batch_size_per_gpu=3"],
+        {},
+        "E30",
+        ("prepare_static", 20 * 12 // 6, 3),
+    ),
+    (
+        "legacy",
+        [
+            f"{ACT}.use_dynamic_bsz=true",
+            f"{ACT}.ppo_max_token_len_per_gpu=1000",
+            "data.max_prompt_length=512",
+            "data.max_response_length=1024",
+        ],
+        {},
+        "E31",
+        ("rearrange_padded", 4, 512 + 1024, 1000),
+    ),
+    (
+        "engine",
+        [f"{ACT}.use_dynamic_bsz=true", f"{ACT}.ppo_max_token_len_per_gpu=1000"],
+        {"max_seq_len": 1200},
+        "E31",
+        ("rearrange_nested", 4, 1200, 1000),
+    ),
 ]
 
 
 PASS_PRIMS = {  # controls: the same primitives with sizes that divide must not raise
-    "engine": [("dp_chunk", 720, 8), ("kk", 720, 6), ("td_chunk", 720, 6), ("iter", 120, 40),
-               ("prepare_static", 120, 8), ("rearrange_nested", 4, 1000, 1000)],
+    "engine": [
+        ("dp_chunk", 720, 8),
+        ("kk", 720, 6),
+        ("td_chunk", 720, 6),
+        ("iter", 120, 40),
+        ("prepare_static", 120, 8),
+        ("rearrange_nested", 4, 1000, 1000),
+    ],
     "legacy": [("dp_chunk", 720, 6), ("kk", 6, 6), ("rearrange_padded", 4, 1536, 1536)],
 }
 
@@ -329,8 +381,15 @@ def _run_oracles(jobs: dict[str, list[dict]]) -> dict[str, dict]:
         e = dict(env)
         if profile == "legacy":
             e["PYTHONPATH"] = str(ORACLE_071)
-        p = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=e, cwd=str(ROOT))
+        p = subprocess.Popen(
+            [sys.executable, "-c", RUNNER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=e,
+            cwd=str(ROOT),
+        )
         p.stdin.write(json.dumps(js))
         p.stdin.close()
         procs[profile] = p
@@ -350,21 +409,24 @@ def parity():
         pytest.skip("verl 0.9.1 (test oracle) is not installed: pip install --no-deps verl==0.9.1")
     profiles = ["engine"] + (["legacy"] if (ORACLE_071 / "verl").is_dir() else [])
     cfgs = {p: _configs(p) for p in profiles}
-    jobs = {p: [{"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic} for c in cs]
-            for p, cs in cfgs.items()}
+    jobs = {
+        p: [{"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic} for c in cs]
+        for p, cs in cfgs.items()
+    }
     fixed = {p: _fixed_configs(cfgs[p]) for p in profiles}
     for p in profiles:
         jobs[p] += [{"prim": list(case[4])} for case in STEP_CASES if case[0] == p]
         jobs[p] += [{"prim": list(prim)} for prim in PASS_PRIMS[p]]
-        jobs[p] += [{"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic}
-                    for c, _, _ in fixed[p]]
+        jobs[p] += [
+            {"values": dict(c.values), "ref": c.need_reference_policy, "critic": c.need_critic} for c, _, _ in fixed[p]
+        ]
     t0 = time.time()
     answers = _run_oracles(jobs)
     for p in profiles:
         n_cfg, n_fix = len(cfgs[p]), len(fixed[p])
         results = answers[p]["results"]
-        answers[p]["fixed"] = list(zip(fixed[p], results[len(results) - n_fix:]))
-        answers[p]["steps"] = results[n_cfg:len(results) - n_fix]
+        answers[p]["fixed"] = list(zip(fixed[p], results[len(results) - n_fix :]))
+        answers[p]["steps"] = results[n_cfg : len(results) - n_fix]
         answers[p]["results"] = results[:n_cfg]
     return cfgs, answers, time.time() - t0
 
@@ -416,8 +478,24 @@ def test_first_startup_error_matches_verl(parity, profile):
         printed_any.update(line.split(":")[0] for line in verl_printed)
     assert not mismatches, f"{len(mismatches)} mismatches, first: {mismatches[:3]}"
     # the configs must exercise passes and every start-up message (else the test proves little)
-    want_codes = {"E1", "E3", "E4", "E6", "E7", "E8", "E9", "E10", "E11", "E12", "E13", "E14", "E15", "E16",
-                  "E17", "E19"} | ({"E18"} if profile == "legacy" else set())
+    want_codes = {
+        "E1",
+        "E3",
+        "E4",
+        "E6",
+        "E7",
+        "E8",
+        "E9",
+        "E10",
+        "E11",
+        "E12",
+        "E13",
+        "E14",
+        "E15",
+        "E16",
+        "E17",
+        "E19",
+    } | ({"E18"} if profile == "legacy" else set())
     assert want_codes <= set(codes), (sorted(want_codes - set(codes)), codes)
     assert codes["pass"] >= 30, codes
     assert printed_any == {"NOTICE", "WARNING"}
@@ -432,7 +510,7 @@ def test_first_step1_error_matches_verl_primitive(parity, profile):
     cases = [c for c in STEP_CASES if c[0] == profile]
     steps = answers[profile]["steps"]
     assert len(steps) == len(cases) + len(PASS_PRIMS[profile])
-    assert all(answer["error"] is None for answer in steps[len(cases):]), steps[len(cases):]
+    assert all(answer["error"] is None for answer in steps[len(cases) :]), steps[len(cases) :]
     for (prof, overrides, kwargs, code, prim), verl_answer in zip(cases, steps):
         first = check(load_config(overrides=SEED_EXAMPLE + overrides, profile=prof), fixes=False, **kwargs).first_error
         assert first is not None and (first.code, first.when) == (code, "step 1"), (overrides, first)
@@ -458,12 +536,15 @@ def test_parity_stays_fast(parity):
 def test_oracle_defaults_match_labkit_for_checked_keys():
     """labkit's defaults for the keys validate_config reads agree with verl's YAML (both versions)."""
     omegaconf = pytest.importorskip("omegaconf")
-    from labkit.validate_rules import _SNAP_KEYS
+    from labkit.validate.startup import _SNAP_KEYS
+
     spec = __import__("importlib").util.find_spec("verl")
     if spec is None:
         pytest.skip("verl not installed")
-    yamls = {"engine": Path(spec.origin).parent / "trainer/config/_generated_ppo_trainer.yaml",
-             "legacy": ORACLE_071 / "verl/trainer/config/_generated_ppo_trainer.yaml"}
+    yamls = {
+        "engine": Path(spec.origin).parent / "trainer/config/_generated_ppo_trainer.yaml",
+        "legacy": ORACLE_071 / "verl/trainer/config/_generated_ppo_trainer.yaml",
+    }
     diffs = []
     for profile, path in yamls.items():
         if not path.exists():

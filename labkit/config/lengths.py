@@ -1,0 +1,113 @@
+"""Sequence lengths for the planner: explicit lists, or reproducible draws from named profiles.
+
+A length is one sample's valid tokens (prompt + response), i.e. the row sum of ``attention_mask`` that verl's
+``RayPPOTrainer._balance_batch`` and ``verl/utils/seqlen_balancing.py: rearrange_micro_batches`` read. Lengths are
+bounded by the rollout width ``rollout.prompt_length + rollout.response_length`` (verl pads every row to it).
+Profiles live in ``data/length_profiles.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROFILES_FILE = Path(__file__).resolve().parents[2] / "data" / "length_profiles.json"
+
+
+class LengthsError(ValueError):
+    """Lengths labkit cannot use: unknown profile, wrong count, a length outside [1, rollout width]."""
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict[str, dict[str, Any]]:
+    return json.loads(PROFILES_FILE.read_text())["profiles"]
+
+
+def profiles() -> dict[str, dict[str, Any]]:
+    """Every named profile (name -> its JSON spec, with a ``doc`` line)."""
+    return {k: dict(v) for k, v in _load().items()}
+
+
+def profile_names() -> list[str]:
+    return list(_load())
+
+
+def parse_lengths(text: str) -> list[int] | str:
+    """CLI form: ``"800,6500,1200"`` -> a list of ints; anything else is taken as a profile name."""
+    text = text.strip()
+    if "," in text or text.isdigit():
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise LengthsError(f"--lengths {text!r}: expected a profile name or comma-separated integers.") from None
+    return text
+
+
+def _draw(spec: dict, size: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+    if spec["dist"] != "lognormal":
+        raise LengthsError(f"unknown distribution {spec['dist']!r} in {PROFILES_FILE.name}")
+    x = rng.lognormal(mean=np.log(spec["median"]), sigma=spec["sigma"], size=size)
+    lo = min(int(spec.get("min", 1)), cap)
+    return np.clip(np.rint(x), lo, cap).astype(np.int64)
+
+
+def draw(name: str, n_prompts: int, n: int, prompt_length: int, response_length: int, seed: int = 0) -> list[int]:
+    """B·n lengths from profile ``name``, in repeat(interleave=True) order (the n samples of a prompt adjacent)."""
+    table = _load()
+    if name not in table:
+        raise LengthsError(f"unknown length profile {name!r}; known profiles: {', '.join(table)}.")
+    spec, total, width = table[name], n_prompts * n, prompt_length + response_length
+    if spec["kind"] == "explicit":
+        base = list(spec["lengths"])
+        out = [base[i % len(base)] for i in range(total)]
+        return check_lengths(out, total, width, origin=f"profile {name!r}")
+    if spec["kind"] == "full":
+        return [width] * total
+    rng = np.random.default_rng(seed)
+    prompts = _draw(spec["prompt"], n_prompts, prompt_length, rng)
+    responses = _draw(spec["response"], total, response_length, rng)
+    return (np.repeat(prompts, n) + responses).tolist()
+
+
+def check_lengths(lengths: Sequence[int], count: int, width: int, origin: str = "lengths") -> list[int]:
+    """Validate an explicit list: exactly ``count`` ints, each in [1, width]; returns a plain list."""
+    out = [int(x) for x in lengths]
+    if len(out) != count:
+        raise LengthsError(
+            f"{origin}: got {len(out)} lengths for B·n = {count} samples; give {count} values or a named profile "
+            f"({', '.join(profile_names())})."
+        )
+    bad = [x for x in out if x < 1 or x > width]
+    if bad:
+        raise LengthsError(
+            f"{origin}: length {bad[0]} is outside [1, {width}] = "
+            "[1, rollout.prompt_length + rollout.response_length]; "
+            "verl pads every row to that width, so no sample can be longer. Raise data.max_prompt_length / "
+            "data.max_response_length or shorten the lengths."
+        )
+    return out
+
+
+def resolve_lengths(
+    spec: Sequence[int] | str | None,
+    *,
+    n_prompts: int,
+    n: int,
+    prompt_length: int,
+    response_length: int,
+    seed: int = 0,
+) -> list[int] | None:
+    """None stays None; a profile name is drawn; a list is checked against B·n and the rollout width."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        parsed = parse_lengths(spec)
+        if isinstance(parsed, str):
+            return draw(parsed, n_prompts, n, prompt_length, response_length, seed)
+        spec = parsed
+    return check_lengths(spec, n_prompts * n, prompt_length + response_length)

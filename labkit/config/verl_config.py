@@ -1,0 +1,277 @@
+"""A verl configuration as labkit sees it: verl-style YAML plus Hydra-style overrides, per profile.
+
+Mirrors how ``verl/trainer/main_ppo.py: main`` receives its config (``ppo_trainer.yaml`` + ``a.b.c=value``
+overrides); only the batching-relevant keys (``labkit.config.keys``) are modelled, other verl keys are accepted
+and listed in ``VerlConfig.ignored``; keys verl does not know are an error naming the closest known key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+_INTERP = re.compile(r"^\$\{(?:oc\.select:)?\s*([^,}]+?)\s*(?:,\s*([^}]*))?\}$")
+
+
+class ConfigError(ValueError):
+    """A config labkit cannot read: unknown key, wrong type, out-of-range size, malformed YAML."""
+
+
+def _verl_keys() -> set[str]:
+    """Every key of verl's generated ppo_trainer.yaml (0.7.1 and 0.9.1): accepted, not modelled."""
+    blob = json.loads((DATA_DIR / "verl_config_keys.json").read_text())
+    return {k for keys in blob["keys"].values() for k in keys}
+
+
+_VERL_KEYS: set[str] | None = None
+
+
+def closest_key(path: str, candidates: Iterable[str] | None = None) -> str | None:
+    """The known key closest to ``path`` (difflib on the full dotted path, then on the leaf name)."""
+    pool = list(candidates or KEYS)
+    best = difflib.get_close_matches(path, pool, n=1, cutoff=0.6)
+    if best:
+        return best[0]
+    leaf = path.rsplit(".", 1)[-1]
+    by_leaf = {p.rsplit(".", 1)[-1]: p for p in pool}
+    leaf_best = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+    return by_leaf[leaf_best[0]] if leaf_best else None
+
+
+def _coerce(key: Key, value: Any, origin: str) -> Any:
+    """Check and convert one value to the key's type; clear errors for wrong types and bad sizes."""
+    if isinstance(value, str) and _INTERP.match(value.strip()):
+        return value  # resolved later, against the whole config
+    if value is None:
+        if key.nullable or key.follows:
+            return None
+        raise ConfigError(f"{origin}: '{key.path}' cannot be null (expected {key.type}).")
+    if key.type == BOOL:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif key.type == INT:
+        if isinstance(value, int) and not isinstance(value, bool):
+            out = value
+        elif isinstance(value, float) and value.is_integer():
+            out = int(value)
+        else:
+            out = None
+        if out is not None:
+            if key.minimum is not None and out < key.minimum:
+                raise ConfigError(f"{origin}: '{key.path}' must be >= {int(key.minimum)}, got {out}.")
+            return out
+    elif key.type == FLOAT:
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 as a string; Hydra's grammar reads it as a float
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key.minimum is not None and value < key.minimum:
+                raise ConfigError(f"{origin}: '{key.path}' must be >= {key.minimum}, got {value}.")
+            return float(value)
+    elif key.type == STR:
+        if isinstance(value, str):
+            if key.choices and value not in key.choices:
+                raise ConfigError(f"{origin}: '{key.path}' must be one of {list(key.choices)}, got {value!r}.")
+            return value
+    raise ConfigError(f"{origin}: '{key.path}' expects {key.type}, got {value!r} ({type(value).__name__}).")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+@dataclass
+class VerlConfig:
+    """Explicitly set values over verl's defaults, for one profile; ``get`` resolves interpolations."""
+
+    profile: str = "engine"
+    values: dict[str, Any] = field(default_factory=dict)
+    ignored: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"profile must be one of {list(PROFILES)}, got {self.profile!r}.")
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, path: str, _seen: tuple = ()) -> Any:
+        """The effective value of ``path``: set value, else the followed key, else verl's default."""
+        key = KEYS.get(path)
+        if key is None:
+            hint = closest_key(path)
+            raise ConfigError(f"Unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
+        if path in _seen:
+            raise ConfigError(f"Interpolation cycle: {' -> '.join(_seen + (path,))}")
+        if path in self.values:
+            value = self.values[path]
+            if isinstance(value, str):
+                m = _INTERP.match(value.strip())
+                if m:
+                    return self._resolve(path, m, _seen + (path,))
+            return value
+        if key.follows is not None:
+            return self.get(key.follows, _seen + (path,))
+        return key.default_for(self.profile)
+
+    def _resolve(self, path: str, m: re.Match, seen: tuple) -> Any:
+        target, fallback = m.group(1).strip(), m.group(2)
+        if target.startswith("."):
+            target = path.rsplit(".", 1)[0] + target
+        if target in KEYS:
+            return _coerce(KEYS[path], self.get(target, seen), f"interpolation of '{path}'")
+        if fallback is None:
+            raise ConfigError(f"'{path}' interpolates '{target}', which labkit does not model.")
+        return _coerce(KEYS[path], yaml.safe_load(fallback), f"interpolation default of '{path}'")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("profile", "values", "ignored"):
+            raise AttributeError(name)
+        return _Node(self, name)
+
+    def is_set(self, path: str) -> bool:
+        """True when the user set ``path`` (YAML or override), as opposed to inheriting a default."""
+        return path in self.values
+
+    def to_dict(self) -> dict:
+        """Nested dict of every modelled key's effective value (what verl's workers would see)."""
+        out: dict = {}
+        for path, key in KEYS.items():
+            if self.profile not in key.profiles:
+                continue
+            node = out
+            *parents, leaf = path.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = self.get(path)
+        return out
+
+    # -- writing ---------------------------------------------------------------------------------
+    def set(self, path: str, value: Any, origin: str = "override") -> VerlConfig:
+        """Set one key (validated); unknown keys raise with the closest known key."""
+        global _VERL_KEYS
+        key = KEYS.get(path)
+        if key is None or self.profile not in key.profiles:
+            if _VERL_KEYS is None:
+                _VERL_KEYS = _verl_keys()
+            if key is None and path in _VERL_KEYS:
+                self.ignored[path] = value
+                return self
+            if key is not None:
+                raise ConfigError(
+                    f"{origin}: '{path}' is not a key of the {self.profile} profile (only of "
+                    f"{', '.join(key.profiles)})."
+                )
+            hint = closest_key(path)
+            raise ConfigError(f"{origin}: unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
+        self.values[path] = _coerce(key, value, origin)
+        return self
+
+    def override(self, overrides: Iterable[str]) -> VerlConfig:
+        """Apply Hydra-style overrides: ``a.b=1``, ``+a.b=1`` (same here), ``~a.b`` (back to default)."""
+        for item in overrides:
+            item = item.strip()
+            if item.startswith("--"):
+                raise ConfigError(f"'{item}': verl's entry point takes 'key=value' (no '--' prefix, no '--config.').")
+            if item.startswith("~"):
+                path = item[1:].split("=", 1)[0]
+                if path not in KEYS:
+                    self.set(path, None, origin=f"'{item}'")  # raises for unknown keys
+                self.values.pop(path, None)
+                continue
+            if "=" not in item:
+                raise ConfigError(f"Override '{item}' is not of the form key=value.")
+            path, raw = item.split("=", 1)
+            path = path.lstrip("+").strip()
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {exc}") from None
+            self.set(path, value, origin=f"override '{item}'")
+        return self
+
+    def copy(self) -> VerlConfig:
+        return VerlConfig(self.profile, dict(self.values), dict(self.ignored))
+
+    # -- derived quantities, named as verl names them ---------------------------------------------
+    @property
+    def n_gpus(self) -> int:
+        """W = trainer.n_gpus_per_node x trainer.nnodes."""
+        return self.get("trainer.n_gpus_per_node") * self.get("trainer.nnodes")
+
+    @property
+    def need_critic(self) -> bool:
+        """Mirrors verl/trainer/ppo/utils.py: need_critic (critic.enable, else adv_estimator == gae)."""
+        enable = self.get("critic.enable")
+        return bool(enable) if enable is not None else self.get("algorithm.adv_estimator") == "gae"
+
+    @property
+    def need_reference_policy(self) -> bool:
+        """Mirrors verl/trainer/ppo/utils.py: need_reference_policy (in-reward KL or KL loss)."""
+        return bool(self.get("algorithm.use_kl_in_reward") or self.get("actor_rollout_ref.actor.use_kl_loss"))
+
+
+class _Node:
+    """Attribute access ``cfg.actor_rollout_ref.actor.ppo_mini_batch_size`` over dotted keys."""
+
+    def __init__(self, cfg: VerlConfig, prefix: str) -> None:
+        self._cfg, self._prefix = cfg, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        path = f"{self._prefix}.{name}"
+        if path in KEYS:
+            return self._cfg.get(path)
+        if any(k.startswith(path + ".") for k in KEYS):
+            return _Node(self._cfg, path)
+        self._cfg.get(path)  # raises ConfigError with a suggestion
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), profile: str = "engine") -> VerlConfig:
+    """Load a verl-style YAML (optional) and apply Hydra-style overrides, for ``profile`` legacy|engine."""
+    cfg = VerlConfig(profile=profile)
+    if path is not None:
+        try:
+            tree = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: malformed YAML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        if tree is None:
+            tree = {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(tree).__name__}.")
+        for top in ("defaults", "hydra"):
+            tree.pop(top, None)
+        for key, value in _flatten(tree).items():
+            cfg.set(key, value, origin=str(path))
+    return cfg.override(overrides)
+
+
+SEED_EXAMPLE = [
+    "data.train_batch_size=60",
+    "actor_rollout_ref.rollout.n=12",
+    "trainer.n_gpus_per_node=6",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=60",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+    "algorithm.adv_estimator=grpo",
+]
+"""The worked example of docs/pipeline.md: B=60, n=12, 6 GPUs, rollout TP=2, mini 60, log-prob micro 8."""

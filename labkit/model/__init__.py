@@ -1,0 +1,9 @@
+"""Compute layer, lower half: the model side of a rank.
+
+Holds the tiny Qwen2 and its task (``tiny_model``, ``tiny_task``), rollout tensor parallelism: the sharding math
+(``tp_parallel``) apart from its collectives (``tp_communications``), padding removal (``packing``), Ulysses
+sequence parallelism: its math (``ulysses``) apart from its all-to-all (``ulysses_communications``), and its live
+demo (``ulysses_demo``), log-probs from logits (``logits``), the
+per-micro-batch log-prob forward (``logprob``) and the measured memory of the log-prob head (``logprob_memory``).
+May import: ``labkit.runtime``, ``labkit.protocol`` and the arithmetic layer.
+"""

@@ -1,0 +1,7 @@
+"""Arithmetic layer, top: the planner, what every rank holds at every stage of one training step.
+
+Holds the planner's per-step state (``context``), the stages before the actor's forward passes
+(``rollout_stages``), the forward and update stages on the actor and critic meshes (``train_stages``), their
+micro-batches (``micro_batches``), which keys drive each stage (``roles``) and the entry point ``step.plan``.
+May import: ``labkit.validate``, ``labkit.balance``, ``labkit.rules``, ``labkit.config``, ``labkit.trace``.
+"""

@@ -1,0 +1,71 @@
+"""The planner's shared state: the step's batch geometry (``labkit.rules.geometry``), the sequence lengths, the
+balanced order, and the stage errors found so far; plus the rank layouts of the actor and rollout meshes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from labkit.rules.catalogue import message
+from labkit.rules.failures import StageFailure, fail_chunk
+from labkit.rules.geometry import BatchGeometry, workload
+
+
+@dataclass
+class Ctx:
+    """One training step being planned: config, geometry, lengths, and what the stages found (``build_ctx``)."""
+
+    cfg: Any
+    geo: BatchGeometry
+    dispatch: str
+    lengths: list[int] | None
+    order: list[list[int]] | None = None  # sample indices per actor DP rank after _balance_batch
+    errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
+    workloads: list[int] | None = None  # verl's calculate_workload per sample
+
+    def __post_init__(self) -> None:
+        if self.lengths is not None:
+            self.workloads = [workload(x) for x in self.lengths]
+
+    @property
+    def profile(self) -> str:
+        return self.geo.profile
+
+    def get(self, path: str) -> Any:
+        return self.cfg.get(path)
+
+    def tokens(self, idx: list[int]) -> int | None:
+        return None if self.lengths is None else sum(map(self.lengths.__getitem__, idx))
+
+    def workload(self, idx: list[int]) -> int | None:
+        return None if self.workloads is None else sum(map(self.workloads.__getitem__, idx))
+
+    def dp_chunks(self, dp: int) -> list[list[int]]:
+        """Sample indices per DP rank when the balanced batch is chunked into ``dp`` equal pieces (nd dispatch).
+
+        Uneven: E26 (legacy ``DataProto.chunk``) or E27 (engine ``chunk_tensordict``)."""
+        samples = self.geo.samples
+        if samples % dp:
+            if self.profile == "engine":  # 0.9.1 dispatches TensorDicts (tensordict_utils.py: chunk_tensordict)
+                raise StageFailure("E27", "AssertionError", message("E27", size=samples, chunks=dp))
+            raise fail_chunk(samples, dp)
+        flat = [i for part in self.order for i in part] if self.order is not None else list(range(samples))
+        size = samples // dp
+        return [flat[r * size : (r + 1) * size] for r in range(dp)]
+
+
+def build_ctx(cfg: Any, lengths: list[int] | None, dispatch: str) -> Ctx:
+    """The planner's state for ``cfg`` (a ``labkit.config.verl_config.VerlConfig``)."""
+    return Ctx(cfg=cfg, geo=BatchGeometry.from_config(cfg), dispatch=dispatch, lengths=lengths)
+
+
+def actor_layout(rank: int, sp: int) -> tuple[int, int]:
+    """(dp_rank, sp_rank) of a global rank in the Ulysses mesh (dp, sp), row-major as init_device_mesh builds it."""
+    return rank // sp, rank % sp
+
+
+def rollout_layout(rank: int, infer_tp: int, infer_pp: int) -> tuple[int, int, int]:
+    """(dp_rank, tp_rank, pp_rank) in the rollout mesh (dp, infer_tp, infer_pp), row-major (``_build_rollout``)."""
+    return rank // (infer_tp * infer_pp), (rank // infer_pp) % infer_tp, rank % infer_pp

@@ -1,0 +1,132 @@
+"""Micro-batches of one DP rank's rows for the planner: static (legacy ``split``, engine ``chunk``) or dynamic
+(token budget, micro-batch count synced over the DP group), with tokens, padded tokens and workload per micro-batch.
+
+Mirrors verl/workers/actor/dp_actor.py (legacy ``split``/``prepare_dynamic_batch``) and verl/workers/engine/utils.py:
+prepare_micro_batches (engine); the dynamic partition itself comes from ``labkit.balance.micro_batches``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from labkit.balance import micro_batches as microbatch
+from labkit.plan.context import Ctx
+from labkit.rules.catalogue import code_of
+from labkit.rules.failures import StageFailure
+from labkit.rules.geometry import ulysses_padded
+from labkit.trace import MicroBatchRecord
+
+_CODES = ("E27", "E30", "E31", "E33", "E34", "E35", "E36", "E37")  # what verl's micro-batching can raise
+
+
+def failure_from(exc: BaseException) -> StageFailure:
+    """Wrap an AssertionError/ValueError raised by a labkit mirror of verl into a StageFailure with its E-code
+    (E32: verl's bare assert, with no text)."""
+    msg = str(exc)
+    code = code_of(msg, _CODES) if msg else "E32"
+    if code is None:
+        raise AssertionError(f"labkit raised a micro-batching error the catalogue does not know: {msg!r}") from exc
+    return StageFailure(code, type(exc).__name__, msg)
+
+
+def static_partitions(rows: int, m: int, profile: str) -> list[list[int]]:
+    """Static micro-batches as local index lists: legacy ``DataProto.split(m)`` (ragged last), engine chunk (E30)."""
+    try:
+        return _static(rows, m, profile)
+    except AssertionError as exc:
+        raise failure_from(exc) from None
+
+
+@lru_cache(maxsize=256)
+def _static(rows: int, m: int, profile: str) -> list[list[int]]:
+    return microbatch.static_micro_batches(rows, m, profile=profile)
+
+
+def dynamic_partitions(
+    ctx: Ctx, per_rank: Sequence[Sequence[int]], budget: int
+) -> tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]:
+    """Dynamic micro-batches of every DP rank at once (count synced by MAX): per rank (local index lists, tokens,
+    workloads), and the sync collectives each rank issues (names from ``labkit.rules.collectives.COLLECTIVES``).
+    """
+    return dynamic_partitions_each(ctx, [per_rank], budget)[0]
+
+
+def dynamic_partitions_each(
+    ctx: Ctx, batches: Sequence[Sequence[Sequence[int]]], budget: int
+) -> list[tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]]:
+    """``dynamic_partitions`` of several batches the DP ranks cut one after another (an update's mini-batches),
+    planned together (``microbatch.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
+    keys = [("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
+    todo = [j for j, key in enumerate(keys) if key not in ctx.cache]
+    if todo:
+        lens = [[[ctx.lengths[i] for i in idx] for idx in batches[j]] for j in todo]
+        width = ctx.geo.width if ctx.profile == "legacy" else None
+        try:
+            plans = microbatch.plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
+        except (AssertionError, ValueError) as exc:  # the failing batch (the first, as in verl) names E31's row
+            raise _failure(exc, lens[getattr(exc, "batch_index", 0)], ctx.profile) from None
+        for j, batch_plans in zip(todo, plans):
+            # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
+            coll = {"all_reduce(max):num_micro_batches": 1}
+            if ctx.profile == "engine":
+                coll["all_reduce(max):group_stats"] = 1
+                coll["all_reduce(min):within_limit"] = batch_plans[0].attempts
+            ctx.cache[keys[j]] = ([(p.indices, p.tokens, p.workloads) for p in batch_plans], coll)
+    return [ctx.cache[key] for key in keys]
+
+
+def _failure(exc: BaseException, lens: list[list[int]], profile: str) -> StageFailure:
+    fail = failure_from(exc)
+    if fail.code == "E31" and profile == "engine":
+        # every DP rank whose longest row exceeds the budget raises; show the rank holding the longest row.
+        # verl takes max() over a 1-D tensor, so the value prints as a 0-d tensor
+        longest = max(max(x) for x in lens)
+        fail.message = re.sub(r"max_seq_len=\S+$", f"max_seq_len=tensor({longest})", fail.message)
+    return fail
+
+
+def micro_records(
+    ctx: Ctx, idx: Sequence[int], parts: Any, sp: int, rmpad: bool
+) -> tuple[list[MicroBatchRecord], list[int] | None]:
+    """MicroBatchRecords for the rank's rows ``idx`` cut into ``parts`` (local positions, or the dynamic triple
+    (positions, tokens, workloads)), plus the tokens each SP rank holds per micro-batch.
+
+    padded_tokens: rmpad off → legacy rows × (prompt_length + response_length) (the rollout's padded width), engine
+    rows × the micro-batch's longest row (``torch.nested.to_padded_tensor``); rmpad on → real tokens + Ulysses pad to
+    a multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch.
+    """
+    key = ("rec", id(parts), tuple(idx[:1]), len(idx), sp, rmpad)
+    hit = ctx.cache.get(key)
+    if hit is not None and hit[0] is parts:
+        return hit[1]
+    orig = parts
+    if isinstance(parts, tuple):
+        parts, toks, wls = parts
+    else:
+        toks = wls = None
+    recs, per_sp = [], []
+    lens, width = ctx.lengths, ctx.geo.width
+    for k, part in enumerate(parts):
+        ids = [idx[j] for j in part]
+        if lens is None:
+            tok = wl = None
+        elif toks is not None:
+            tok, wl = toks[k], float(wls[k])
+        else:
+            tok = sum(map(lens.__getitem__, ids))
+            wl = float(sum(map(ctx.workloads.__getitem__, ids)))
+        if not rmpad:
+            if ctx.profile == "legacy":
+                padded = len(ids) * width
+            else:
+                padded = None if lens is None or not ids else len(ids) * max(map(lens.__getitem__, ids))
+        else:
+            padded = None if tok is None else ulysses_padded(tok, sp)
+        recs.append(MicroBatchRecord(len(ids), tok, padded, wl, ids))
+        per_sp.append(None if padded is None else padded // sp)
+    out = recs, (None if None in per_sp else per_sp)
+    ctx.cache[key] = (orig, out)  # holding orig keeps id(orig) from being reused
+    return out

@@ -1,0 +1,201 @@
+"""Which config keys drive each forward/update stage, per profile: mesh (Ulysses sp → D), dynamic flag, token
+budget, micro size, remove-padding. Kept apart from the stage arithmetic because the two profiles read different keys.
+
+Legacy (verl ≤ 0.8 ``fsdp_workers.py``): log-prob keys from ``rollout.*`` / ``ref.*`` on the actor's Ulysses mesh,
+critic keys from ``critic.*``; deprecated global micro sizes are floor-divided by W//sp. Engine (0.9.1
+``engine_workers.py``): rows arrive unpadded (``left_right_2_no_padding``) and are packed when the model's
+``use_remove_padding`` is on, else padded to the micro-batch's longest row
+(``FSDPEngineWithLMHead.prepare_model_inputs``); the actor's ``use_dynamic_bsz`` drives
+old log-prob; the critic engine is dynamic on its own sp=1 mesh with ``ppo_infer_max_token_len_per_gpu`` (32768,
+not exposed by labkit) for values (``RayPPOTrainer.init_workers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.plan.context import Ctx
+from labkit.rules.failures import mesh_failure
+from labkit.rules.geometry import ARR
+
+ENGINE_CRITIC_INFER_BUDGET = 32768  # verl 0.9.1 CriticConfig.ppo_infer_max_token_len_per_gpu default
+
+WHERE = {
+    "old_log_prob": "ActorRolloutRefWorker.compute_log_prob → DataParallelPPOActor.compute_log_prob",
+    "ref_log_prob": "ActorRolloutRefWorker.compute_ref_log_prob → DataParallelPPOActor.compute_log_prob",
+    "values": "verl/workers/fsdp_workers.py: CriticWorker.compute_values",
+    "update_actor": "verl/workers/actor/dp_actor.py: DataParallelPPOActor.update_policy",
+    "update_critic": "verl/workers/critic/dp_critic.py: DataParallelPPOCritic.update_critic",
+}
+WHERE_ENGINE = {
+    "old_log_prob": "RayPPOTrainer._compute_old_log_prob → TrainingWorker.infer_batch → prepare_micro_batches",
+    "ref_log_prob": "RayPPOTrainer._compute_ref_log_prob → TrainingWorker.infer_batch → prepare_micro_batches",
+    "values": "RayPPOTrainer._compute_values → TrainingWorker.infer_batch (critic engine)",
+    "update_actor": "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch",
+    "update_critic": "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch (critic engine)",
+}
+TITLES = {
+    "old_log_prob": "old log-prob",
+    "ref_log_prob": "ref log-prob",
+    "values": "values (critic)",
+    "update_actor": "actor update",
+    "update_critic": "critic update",
+}
+
+
+def _both(section: str, key: str) -> str:
+    return f"[{section}] Please set at least one of '{section}.{key}' or '{section}.{key}_per_gpu'."
+
+
+# verl's messages when no micro size is set and dynamic batching is off (validate_config / ActorConfig / CriticConfig)
+_MISSING = {
+    "old_log_prob": ("E3", "ValueError", _both(f"{ARR}.rollout", "log_prob_micro_batch_size")),
+    "ref_log_prob": ("E3", "ValueError", _both(f"{ARR}.ref", "log_prob_micro_batch_size")),
+    "update_actor": (
+        "E7",
+        "AssertionError",
+        "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+        "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled.",
+    ),
+    "values": ("E13", "ValueError", _both("critic", "micro_batch_size")),
+    "update_critic": ("E13", "ValueError", _both("critic", "micro_batch_size")),
+}
+# stage -> (micro, deprecated micro, dynamic flag, budget, sp) keys on the legacy path
+_KEYS = {
+    "old_log_prob": (
+        f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu",
+        f"{ARR}.rollout.log_prob_micro_batch_size",
+        f"{ARR}.rollout.log_prob_use_dynamic_bsz",
+        f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+        f"{ARR}.actor.ulysses_sequence_parallel_size",
+    ),
+    "ref_log_prob": (
+        f"{ARR}.ref.log_prob_micro_batch_size_per_gpu",
+        f"{ARR}.ref.log_prob_micro_batch_size",
+        f"{ARR}.ref.log_prob_use_dynamic_bsz",
+        f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+        f"{ARR}.ref.ulysses_sequence_parallel_size",
+    ),
+    "values": (
+        "critic.forward_micro_batch_size_per_gpu",
+        "critic.forward_micro_batch_size",
+        "critic.use_dynamic_bsz",
+        "critic.forward_max_token_len_per_gpu",
+        "critic.ulysses_sequence_parallel_size",
+    ),
+    "update_actor": (
+        f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+        f"{ARR}.actor.ppo_micro_batch_size",
+        f"{ARR}.actor.use_dynamic_bsz",
+        f"{ARR}.actor.ppo_max_token_len_per_gpu",
+        f"{ARR}.actor.ulysses_sequence_parallel_size",
+    ),
+    "update_critic": (
+        "critic.ppo_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size",
+        "critic.use_dynamic_bsz",
+        "critic.ppo_max_token_len_per_gpu",
+        "critic.ulysses_sequence_parallel_size",
+    ),
+}
+
+
+@dataclass
+class Params:
+    """What one stage runs with: mesh sp (D = W // sp), budget sp, dynamic flag, budget, micro size, packing."""
+
+    sp: int
+    budget_sp: int
+    dyn: bool
+    budget: int | None
+    micro: int | None
+    rmpad: bool
+    missing: tuple[str, str, str]
+    keys: list[str] = field(default_factory=list)
+    where: str = ""
+    notes: list[str] = field(default_factory=list)
+    D: int = 0
+    slice_sp: int = 0  # sp that pads/slices packed rows (legacy ref: ref sp on the actor's mesh); 0 → sp
+
+
+def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
+    """Per-GPU micro size; legacy floor-divides the deprecated global key by W//sp.
+
+    Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ (normalization)."""
+    m = ctx.get(key)
+    dep = ctx.get(deprecated)
+    if dep is not None and ctx.profile == "legacy" and not ctx.cfg.is_set(key):
+        m = dep // (
+            ctx.geo.world_size // sp
+        )  # the *_per_gpu twin may interpolate the raw global value; 0 stays 0 (X1/X2)
+    return m
+
+
+def params(ctx: Ctx, name: str) -> Params:
+    """Resolve the stage's parameters for ``ctx.profile``; a (dp, sp) mesh that cannot be built raises."""
+    micro_k, dep_k, dyn_k, budget_k, sp_k = _KEYS[name]
+    legacy = ctx.profile == "legacy"
+    critic = name in ("values", "update_critic")
+    notes: list[str] = []
+    sp = budget_sp = ctx.get(sp_k)
+    if legacy and name == "ref_log_prob":  # the ref worker builds the actor's Ulysses mesh and is dispatched on it
+        sp = ctx.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
+        if sp != budget_sp:
+            # DataParallelPPOActor(config.ref) pads/slices by ref sp and gathers only if ref sp > 1; the attention
+            # patch all-to-alls over the actor's SP group (ActorRolloutRefWorker.__init__, dp_actor.py)
+            notes.append(
+                f"ref sp {budget_sp} ≠ actor sp {sp}: the ref is dispatched on the actor's (dp, sp) mesh "
+                f"but pads/slices by ref sp"
+                + (
+                    " (each SP rank runs every token of its DP group)"
+                    if budget_sp == 1
+                    else "; verl slices with the wrong group: unsupported"
+                )
+            )
+    dyn, budget = bool(ctx.get(dyn_k)), ctx.get(budget_k)
+    # legacy: the actor's DataParallelPPOActor reads actor.use_remove_padding; the ref's is overwritten with
+    # model.use_remove_padding (ActorRolloutRefWorker.init_model); the critic reads critic.model.use_remove_padding
+    owner = "critic.model" if critic else f"{ARR}.model" if name == "ref_log_prob" else f"{ARR}.actor"
+    rmpad = bool(ctx.get(f"{owner}.use_remove_padding"))
+    if not legacy:
+        # TrainingWorker passes model_config.use_remove_padding; off → to_padded_tensor up to the micro-batch's
+        # longest row (verl/workers/engine/fsdp/transformer_impl.py: FSDPEngineWithLMHead.prepare_model_inputs)
+        rmpad = bool(ctx.get("critic.model.use_remove_padding" if critic else f"{ARR}.model.use_remove_padding"))
+        if name == "old_log_prob":
+            dyn = bool(ctx.get(f"{ARR}.actor.use_dynamic_bsz"))
+        if critic:
+            sp = budget_sp = 1
+            dyn = True
+            if name == "values":
+                budget = ENGINE_CRITIC_INFER_BUDGET
+            notes.append(
+                "0.9.1 critic engine: dynamic micro-batching on its own sp=1 mesh; critic micro sizes, "
+                "use_dynamic_bsz and ulysses_sequence_parallel_size are not passed to it"
+            )
+    missing = _MISSING[name]
+    if name in ("old_log_prob", "ref_log_prob") and ctx.get(f"{ARR}.actor.use_dynamic_bsz"):
+        # validate_config's E3 is keyed on the *actor's* use_dynamic_bsz: skipped, so the None micro size reaches
+        # DataProto.split (legacy) / prepare_micro_batches (engine) and fails there at step 1
+        missing = (
+            "X3",
+            "TypeError",
+            "'NoneType' object cannot be interpreted as an integer"
+            if legacy
+            else "unsupported operand type(s) for *: 'int' and 'NoneType'",
+        )
+    if ctx.geo.world_size % sp:
+        raise mesh_failure(ctx.geo.world_size, sp)
+    return Params(
+        sp=sp,
+        budget_sp=budget_sp,
+        dyn=dyn,
+        budget=budget,
+        micro=_micro(ctx, micro_k, dep_k, sp),
+        rmpad=rmpad,
+        missing=missing,
+        keys=[micro_k, dyn_k, budget_k, sp_k],
+        where=(WHERE if legacy else WHERE_ENGINE)[name],
+        notes=notes,
+        D=ctx.geo.world_size // sp,
+        slice_sp=budget_sp if legacy and name == "ref_log_prob" else sp,
+    )

@@ -1,0 +1,163 @@
+"""The pipeline at a glance for one config: what every rank holds at every stage of one training step.
+
+Pure arithmetic, no processes: ``plan(cfg, lengths)`` fills a ``labkit.trace.StepTrace`` (source="plan") with one
+StageRecord per stage of verl's ``RayPPOTrainer.fit`` and one RankRecord per GPU rank and stage, in the same shape a
+live run records, so ``labkit.trace.compare`` checks prediction against observation. Stage builders live in
+``rollout_stages`` (driver, rollout, balance) and ``train_stages`` (forward passes, updates); collective names in
+``labkit.rules.collectives.COLLECTIVES``. When verl would stop (an E-code of docs/errors.md), the stage carries the error and the
+plan goes on with what it can; ``summary`` also holds ``labkit.validate.report``'s findings.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from labkit.plan import rollout_stages as S
+from labkit.plan import train_stages as T
+from labkit.plan.context import Ctx, build_ctx
+from labkit.rules.collectives import COLLECTIVES
+from labkit.rules.failures import StageFailure
+from labkit.rules.geometry import lengths_for_config
+from labkit.trace import StepTrace
+
+DISPATCH = ("mesh", "all_gather")
+__all__ = ["plan", "DISPATCH", "COLLECTIVES", "findings_of"]
+
+
+def findings_of(cfg: Any, max_seq_len: int | None = None) -> tuple[list[dict] | None, Any]:
+    """``labkit.validate.report.check(cfg)`` as plain dicts (None when labkit.validate.report is not available), and the report."""
+    try:
+        from labkit.validate.report import check
+    except ImportError:
+        return None, None
+    report = check(cfg, max_seq_len=max_seq_len)
+    return [asdict(f) if is_dataclass(f) else dict(vars(f)) for f in report.findings], report
+
+
+def _steps(cfg: Any) -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
+    steps = [
+        ("dataloader", S.dataloader),
+        ("repeat", S.repeat),
+        ("agent_loop", S.agent_loop),
+        ("generate", S.generate),
+        ("balance", S.balance),
+        ("reward", S.reward),
+        ("old_log_prob", lambda c, t: T.forward_stage(c, t, "old_log_prob")),
+    ]
+    if cfg.need_reference_policy:
+        steps.append(("ref_log_prob", lambda c, t: T.forward_stage(c, t, "ref_log_prob")))
+    if cfg.need_critic:
+        steps.append(("values", lambda c, t: T.forward_stage(c, t, "values")))
+    steps.append(("advantage", S.advantage))
+    if cfg.need_critic:
+        steps.append(("update_critic", lambda c, t: T.update_stage(c, t, "update_critic")))
+    steps.append(("update_actor", lambda c, t: T.update_stage(c, t, "update_actor")))
+    return steps
+
+
+def _same(values: list) -> Any:
+    """One value when all ranks agree, else the per-rank list (None when there are no ranks)."""
+    if not values:
+        return None
+    return values[0] if all(v == values[0] for v in values) else values
+
+
+def _summarize(ctx: Ctx, tr: StepTrace) -> None:
+    s = tr.summary
+    s.update(
+        {
+            "profile": ctx.profile,
+            "dispatch": ctx.dispatch,
+            "B": ctx.geo.prompts,
+            "n": ctx.geo.rollout_n,
+            "samples": ctx.geo.samples,
+            "W": ctx.geo.world_size,
+            "D": ctx.geo.dp_size or None,
+            "sp": ctx.geo.ulysses_sp,
+            "tp": ctx.geo.rollout_tp,
+            "infer_tp": ctx.geo.infer_tp,
+            "infer_pp": ctx.geo.rollout_pp,
+            "R": ctx.geo.rollout_replicas or None,
+            "A": ctx.geo.agent_workers,
+            "width": ctx.geo.width,
+            "rmpad": ctx.geo.remove_padding,
+        }
+    )
+    upd = s.get("update", {}).get("update_actor", {})
+    s["mini_normalized"] = upd.get("mini_normalized")
+    s["mini_batches"] = upd.get("mini_batches")
+    s["mini_batches_per_epoch"] = len(upd["mini_batches"]) if upd else None
+    s["ga"] = upd.get("ga")
+    first = next(iter(tr.at("update_actor")), None)
+    s["ga_per_mini"] = first.extra.get("ga_per_mini") if first is not None and first.micro_batches else None
+    s["optimizer_steps_per_step"] = upd.get("optimizer_steps")
+    s["loss_scale"] = upd.get("loss_scale")
+    for stage in ("old_log_prob", "ref_log_prob", "values"):
+        recs = tr.at(stage)
+        if recs and any(r.micro_batches for r in recs):
+            s[f"{stage}_micro_batches_per_rank"] = _same([r.n_micro for r in recs])
+    s["log_prob_micro_batches_per_rank"] = s.get("old_log_prob_micro_batches_per_rank")
+    if ctx.lengths is not None:
+        total = sum(ctx.lengths)
+        tok = {
+            "total": total,
+            "min_len": min(ctx.lengths),
+            "max_len": max(ctx.lengths),
+            "mean_len": total / ctx.geo.samples,
+            "padded_total": ctx.geo.samples * ctx.geo.width,
+        }
+        bal = [r for r in tr.at("balance") if r.sp_rank == 0]
+        if bal:
+            per = [r.tokens for r in bal]
+            tok.update(per_dp_rank=per, per_dp_rank_min=min(per), per_dp_rank_max=max(per))
+        s["tokens"] = tok
+
+
+def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str = "mesh", seed: int = 0) -> StepTrace:
+    """Predict one training step of ``cfg`` (a ``labkit.config.verl_config.VerlConfig``) per stage and per rank.
+
+    ``lengths``: None (rows only), B·n explicit token counts, or a profile name of ``data/length_profiles.json``
+    drawn with ``seed``. ``dispatch``: "mesh" (nd dispatch, v0.6+) or "all_gather" (≤v0.5 DP_COMPUTE_PROTO + TP/SP
+    all-gather). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace.
+    """
+    if dispatch not in DISPATCH:
+        raise ValueError(f"dispatch must be one of {list(DISPATCH)}, got {dispatch!r}")
+    collecting = gc.isenabled()
+    gc.disable()  # a plan allocates ~10^5 acyclic objects; cyclic collections in between cost ~10% for nothing
+    try:
+        return _plan(cfg, lengths, dispatch, seed)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int) -> StepTrace:
+    lens = lengths_for_config(cfg, lengths, seed)
+    ctx = build_ctx(cfg, lens, dispatch)
+    tr = StepTrace(profile=cfg.profile, source="plan")
+    for name, step in _steps(cfg):
+        try:
+            step(ctx, tr)
+        except StageFailure as fail:
+            ctx.errors[name] = fail.as_dict()
+            tr.ranks = [r for r in tr.ranks if r.stage != name]
+            for rec in tr.stages:
+                if rec.name == name:
+                    stop = f"verl stops here: {fail.exc_type} {fail.message}"
+                    rec.note = stop + (f"; {rec.note}" if rec.note else "")
+    _summarize(ctx, tr)
+    tr.summary["stage_errors"] = ctx.errors
+    try:
+        findings, report = findings_of(cfg, None if lens is None else max(lens))
+    except Exception as exc:  # noqa: BLE001 - a validate bug must not hide the plan; shown in the summary
+        findings, report = None, None
+        tr.summary["validate_crashed"] = f"{type(exc).__name__}: {exc}"
+    tr.summary["findings"] = findings
+    tr.summary["validate_ok"] = None if report is None else bool(report.ok)
+    first = None if report is None else report.first_error
+    tr.summary["first_error"] = None if first is None else (asdict(first) if is_dataclass(first) else vars(first))
+    tr.summary["ok"] = tr.summary["validate_ok"] is not False and not ctx.errors
+    return tr

@@ -1,0 +1,290 @@
+"""Planner stages on the actor/critic meshes: old_log_prob, ref_log_prob, values (forward only) and update_actor,
+update_critic (mini-batches, gradient accumulation, loss scale). Rows 7–9 and 11–12 of "Pipeline at a glance".
+
+Mirrors verl/workers/fsdp_workers.py (legacy normalization), verl/workers/actor/dp_actor.py: compute_log_prob /
+update_policy (legacy) and verl/workers/engine_workers.py: TrainingWorker.train_mini_batch (engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from labkit.plan.context import Ctx, actor_layout
+from labkit.plan.micro_batches import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
+from labkit.plan.roles import TITLES, Params, params
+from labkit.rules.failures import StageFailure, fail_chunk
+from labkit.rules.geometry import ARR
+from labkit.rules.mini_batches import engine_mini, legacy_mini
+from labkit.trace import RankRecord, StageRecord, StepTrace
+
+
+def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dict[str, int]]:
+    """Micro-batch partitions (local positions) for each DP rank's rows, and the sync collectives per rank."""
+    if p.dyn:
+        if ctx.lengths is None:
+            return None, {}
+        return dynamic_partitions(ctx, chunks, p.budget * p.budget_sp)
+    if p.micro is None:
+        raise StageFailure(*p.missing)
+    if p.micro == 0:  # legacy: a deprecated global size floor-divided to 0 per GPU; DataProto.split(0)
+        raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
+    return [static_partitions(len(c), p.micro, ctx.profile) for c in chunks], {}
+
+
+def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
+    out = {"all_gather(params)": n_micro}
+    if sp > 1:  # the attention all-to-all runs over the mesh's SP group
+        out["all_to_all(ulysses)"] = n_micro
+        if slice_sp > 1:  # gather_outputs_and_unpad only where the rows were sliced
+            out["all_gather(ulysses_outputs)"] = n_micro
+    return out
+
+
+def _add(a: dict[str, int], b: dict[str, int], times: int = 1) -> None:
+    for k, v in b.items():
+        if v:
+            a[k] = a.get(k, 0) + v * times
+
+
+def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
+    """Rows 7–9: every SP rank of a DP group holds the same B·n/D rows, cut into static or dynamic micro-batches."""
+    rec = StageRecord(name, TITLES[name], ctx.geo.samples, "samples", None, "")
+    tr.stages.append(rec)
+    p = params(ctx, name)
+    rec.keys, rec.where = p.keys, p.where
+    sp, D, rmpad, dyn, m = p.sp, p.D, p.rmpad, p.dyn, p.micro
+    if (
+        ctx.dispatch == "all_gather" and ctx.geo.samples % ctx.geo.world_size
+    ):  # ≤v0.5 DP_COMPUTE_PROTO chunks by W before the worker runs
+        raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
+    chunks = ctx.dp_chunks(D)
+    rows = ctx.geo.samples // D
+    rec.per_rank_rows = rows
+    parts, sync = _cut(ctx, p, chunks)
+    notes = list(p.notes)
+    if dyn:
+        budget = p.budget * p.budget_sp
+        rec.formula = (
+            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; dynamic: budget = {p.budget}×sp = {budget} "
+            "tokens, count synced (MAX) over the DP group"
+        )
+        notes.insert(
+            0,
+            "dynamic micro-batching needs lengths (--lengths)"
+            if parts is None
+            else (
+                "legacy: token budget is a target, not a cap" if ctx.profile == "legacy" else "engine: hard token cap"
+            ),
+        )
+    else:
+        sizes = [len(x) for x in parts[0]]
+        how = "split" if ctx.profile == "legacy" else "chunk"
+        rec.formula = (
+            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
+            f"{sizes[0]}" + (f" (last {sizes[-1]})" if sizes[-1] != sizes[0] else "")
+        )
+    rec.note = "; ".join(notes)
+    per_dp: dict[int, tuple] = {}
+    for rank in range(ctx.geo.world_size):
+        dp, spr = actor_layout(rank, sp)
+        idx = chunks[dp]
+        if dp not in per_dp:  # every SP rank of a DP group holds the same rows (records shared)
+            per_dp[dp] = ([], None) if parts is None else micro_records(ctx, idx, parts[dp], p.slice_sp, rmpad)
+        micro, per_sp = per_dp[dp]
+        coll: dict[str, int] = {}
+        extra: dict = {"dynamic": dyn}
+        if ctx.dispatch == "all_gather":
+            extra["rows_in"] = ctx.geo.samples // ctx.geo.world_size
+            if sp > 1:
+                coll["all_gather(data_proto)"] = 1
+        if parts is not None:
+            _add(coll, sync)
+            if ctx.profile == "engine":
+                coll["all_reduce(sum):batch_num_tokens"] = 1
+            _add(coll, _forward_colls(len(micro), sp, p.slice_sp))
+        if per_sp is not None:
+            extra["tokens_per_sp_rank"] = per_sp
+        padded = [x.padded_tokens for x in micro]
+        tr.ranks.append(
+            RankRecord(
+                name,
+                rank,
+                dp_rank=dp,
+                sp_rank=spr,
+                rows=rows,
+                tokens=ctx.tokens(idx),
+                padded_tokens=sum(padded) if micro and None not in padded else None,
+                workload=sum(x.workload for x in micro) if micro and ctx.lengths is not None else None,
+                micro_batches=list(micro),
+                collectives=coll,
+                extra=extra,
+            )
+        )
+
+
+def _minis(ctx: Ctx, name: str, sp: int, D: int, m: int | None) -> tuple[int, str, Callable[[int], list[int]]]:
+    """Per-rank mini size, its formula, and rows -> mini-batch rows per epoch.
+
+    Legacy worker init (before any dispatch): M′ = (M·n)//(W//sp) with E20/E21/E22; engine ``train_mini_batch``
+    (after dispatch): (M·n)/D with E28, then the iterator's E29.
+    """
+    M = ctx.get(f"{ARR}.actor.ppo_mini_batch_size" if name == "update_actor" else "critic.ppo_mini_batch_size")
+    total = M * ctx.geo.rollout_n
+    if ctx.profile == "legacy":
+        # m == 0: a deprecated global micro size floor-divided to 0 (E11 is skipped when dynamic) -> X1
+        mini = legacy_mini(M, ctx.geo.rollout_n, ctx.geo.world_size, sp, m, actor=name == "update_actor")
+        text = f"M′ = (M·n)//(W//sp) = ({M}·{ctx.geo.rollout_n})//({ctx.geo.world_size}//{sp}) = {mini}"
+
+        def legacy(rows: int) -> list[int]:
+            if mini == 0:  # the critic has no E20: update_critic's DataProto.split(0) fails (after dispatch)
+                raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
+            return [mini] * (rows // mini) + ([rows % mini] if rows % mini else [])
+
+        return mini, text, legacy
+
+    def engine(rows: int) -> list[int]:
+        mini = engine_mini(M, ctx.geo.rollout_n, D, rows)
+        return [mini] * (rows // mini)
+
+    return total // D, f"mini = (M·n)/D = ({M}·{ctx.geo.rollout_n})/{D} = {total / D:g}", engine
+
+
+def loss_scale(ctx: Ctx, name: str, D: int, mini: int, ga: int | None, dyn: bool) -> str:
+    """How one micro-batch's loss is scaled: legacy 1/GA or rows/M′; engine global denominators × D."""
+    if ctx.profile == "legacy":
+        return f"1/GA = 1/{ga}" if not dyn else f"rows_in_micro/M′ = rows/{mini}"
+    mode = ctx.get(f"{ARR}.actor.loss_agg_mode" if name == "update_actor" else "critic.loss_agg_mode")
+    if mode == "token-mean":
+        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)"
+    if mode == "token-sum":
+        return f"Σℓ × D = Σℓ × {D}"
+    tail = " / (loss_scale_factor or response width)" if mode == "seq-mean-token-sum-norm" else ""
+    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}"
+
+
+def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
+    """Rows 11–12: mini-batches per epoch, micro-batches (GA) per mini-batch, optimizer steps, loss scale,
+    collectives."""
+    epochs = ctx.get(f"{ARR}.actor.ppo_epochs" if name == "update_actor" else "critic.ppo_epochs")
+    rec = StageRecord(name, TITLES[name], ctx.geo.samples, "samples", None, "")
+    tr.stages.append(rec)
+    p = params(ctx, name)
+    rec.keys, rec.where = p.keys + ["ppo_mini_batch_size", "ppo_epochs"], p.where
+    sp, D, rmpad, dyn, m = p.sp, p.D, p.rmpad, p.dyn, p.micro
+    mini, text, split = _minis(ctx, name, sp, D, m)  # legacy asserts at worker init, before any dispatch
+    if ctx.dispatch == "all_gather" and ctx.geo.samples % ctx.geo.world_size:  # ≤v0.5 DP_COMPUTE_PROTO chunks by W
+        raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
+    chunks = ctx.dp_chunks(D)
+    rows = ctx.geo.samples // D
+    rec.per_rank_rows = rows
+    minis = split(rows)
+    starts = [sum(minis[:j]) for j in range(len(minis))]
+    subs = [[c[starts[j] : starts[j] + size] for c in chunks] for j, size in enumerate(minis)]
+    if p.dyn and ctx.lengths is not None:  # per mini-batch j: (partitions per DP rank, sync collectives)
+        per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)
+    else:
+        per_mini = [_cut(ctx, p, sub) for sub in subs]
+    ga = None if dyn else len(per_mini[0][0][0])
+    steps = epochs * len(minis)
+    scale = loss_scale(ctx, name, D, mini, mini // m if (m and not dyn) else ga, dyn)
+    rec.formula = (
+        f"{text}; {len(minis)} mini-batch(es)/epoch {minis}; "
+        + (f"GA = {mini}/{m} = {ga}" if not dyn else "GA = dynamic micro count")
+        + f"; optimizer steps = ppo_epochs × mini-batches = {epochs} × {len(minis)} = {steps}"
+    )
+    notes = [f"loss scale: {scale}"] + p.notes
+    if ctx.profile == "legacy" and len(minis) == 1 and epochs == 1 and name == "update_actor":
+        notes.append("on-policy shortcut: old_log_prob replaced by the current forward (ratio ≡ 1)")
+    if ctx.profile == "legacy" and minis[-1] != minis[0]:
+        notes.append(f"ragged last mini-batch of {minis[-1]} rows, no error in legacy")
+    if ctx.profile == "engine" and ctx.get(f"{ARR}.actor.shuffle") and name == "update_actor":
+        notes.append("actor.shuffle=true: mini-batch membership is shuffled; tokens shown are for unshuffled order")
+    if dyn and ctx.lengths is None:
+        notes.append("dynamic micro-batching needs lengths (--lengths)")
+    warmup = ctx.get("trainer.critic_warmup")
+    if name == "update_actor" and warmup > 1:
+        notes.append(f"trainer.critic_warmup={warmup}: the actor is first updated at step {warmup}")
+    rec.note = "; ".join(notes)
+    tr.summary.setdefault("update", {})[name] = {
+        "mini_normalized": mini,
+        "mini_batches": minis,
+        "ga": ga,
+        "epochs": epochs,
+        "optimizer_steps": steps,
+        "loss_scale": scale,
+        "mini_formula": text,
+    }
+    per_dp: dict[int, tuple] = {}
+    for rank in range(ctx.geo.world_size):
+        dp, spr = actor_layout(rank, sp)
+        if dp not in per_dp:
+            per_dp[dp] = _update_rank(ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs)
+        micro_all, ga_list, scales, coll = per_dp[dp]
+        coll = dict(coll)
+        if ctx.dispatch == "all_gather" and sp > 1:
+            coll["all_gather(data_proto)"] = 1
+        extra = {"ga_per_mini": ga_list, "optimizer_steps": steps, "epochs": epochs, "dynamic": dyn}
+        if scales:
+            extra["loss_scale_per_micro"] = scales
+        padded = [x.padded_tokens for x in micro_all]
+        tr.ranks.append(
+            RankRecord(
+                name,
+                rank,
+                dp_rank=dp,
+                sp_rank=spr,
+                rows=rows,
+                tokens=ctx.tokens(chunks[dp]),
+                micro_batches=list(micro_all),
+                padded_tokens=sum(padded) if micro_all and None not in padded else None,
+                workload=sum(x.workload for x in micro_all) if micro_all and ctx.lengths is not None else None,
+                mini_batches=list(minis),
+                collectives=coll,
+                extra=extra,
+            )
+        )
+
+
+def _update_rank(
+    ctx: Ctx,
+    dp: int,
+    rows_idx: list[int],
+    per_mini: list,
+    starts: list[int],
+    minis: list[int],
+    sp: int,
+    rmpad: bool,
+    mini: int,
+    m: int | None,
+    dyn: bool,
+    epochs: int,
+) -> tuple[list, list, list, dict]:
+    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives."""
+    micro_epoch, ga_epoch, scales, coll = [], [], [], {}
+    legacy = ctx.profile == "legacy"
+    for j, (parts, sync) in enumerate(per_mini):
+        if parts is None:
+            continue
+        idx = rows_idx[starts[j] : starts[j] + minis[j]]
+        micro, _ = micro_records(ctx, idx, parts[dp], sp, rmpad)
+        micro_epoch.extend(micro)
+        ga_epoch.append(len(micro))
+        if legacy:
+            scales.extend(f"1/{mini // m}" if not dyn else f"{x.rows}/{mini}" for x in micro)
+        _add(coll, sync)
+        if not legacy:
+            _add(coll, {"all_reduce(sum):batch_num_tokens": 1})
+        n = len(micro)
+        _add(
+            coll,
+            {
+                "all_gather(params)": n,
+                "all_gather(params):backward": n,
+                "reduce_scatter(grads)": n if legacy else 1,
+                "all_reduce(sum):grad_norm": 1,
+            },
+        )
+        if sp > 1:
+            _add(coll, {"all_to_all(ulysses)": n, "all_to_all(ulysses):backward": n, "all_gather(ulysses_outputs)": n})
+    coll = {k: v * epochs for k, v in coll.items()}
+    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll

@@ -1,0 +1,322 @@
+"""The training-side actor on real ranks: compute_log_prob / compute_ref_log_prob and update_actor, per profile,
+with the actor and the reference sharded by FSDP2 (``fully_shard`` per decoder layer, then the root, over a 1-D mesh
+of all W ranks) and Ulysses SP groups from the (dp, sp) mesh.
+
+Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker (mesh "actor", dp_rank from the (dp, sp) mesh,
+is_collect = sp rank 0), verl/workers/actor/dp_actor.py: DataParallelPPOActor (legacy) and the 0.9.1 engine path
+(verl/workers/engine/fsdp/transformer_impl.py: FSDPEngine.forward_backward_batch, verl/workers/utils/losses.py:
+ppo_loss). Every call records, per rank, its micro-batches and collectives under the planner's names
+(``labkit.rules.collectives.COLLECTIVES``). The driver API (``start_actor_group``, ``configure``,
+``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``) is ``labkit.rl.actor_client``; the update loop lives in
+``labkit.rl.actor_update``, the arithmetic in ``labkit.rl.actor_math``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from labkit.balance.micro_batches import rearrange_micro_batches, restore_dynamic_batch
+from labkit.model.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
+from labkit.protocol.data_proto import DataProto
+from labkit.rl import actor_math as am
+from labkit.rl.actor_record import CallRecord
+from labkit.rules.catalogue import message
+from labkit.runtime import dist
+from labkit.runtime.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
+
+LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+MODEL_KEYS = ("param_dtype", "model_path", "model_config", "seed")
+
+
+# ---- model ----------------------------------------------------------------------------------------------------------
+def model_config_values(s: am.ActorSettings) -> dict[str, Any]:
+    """Head counts etc. without building the model (driver-side checks): model_config, model_path/config.json or
+    the shipped tiny config."""
+    if s.model_config is not None:
+        return dict(s.model_config)
+    from labkit.model import tiny_model
+
+    cfg_file = Path(s.model_path or tiny_model.TINY_MODEL_DIR) / "config.json"
+    return json.loads(cfg_file.read_text()) if cfg_file.exists() else dict(tiny_model.TINY_CONFIG)
+
+
+def build_model(s: am.ActorSettings) -> torch.nn.Module:
+    """fp32 master weights: a seeded random-init Qwen2 from ``model_config`` (identical on every rank and in a test
+    process) or the weights at ``model_path``; sdpa attention, ``use_cache=False`` (packed detection needs it)."""
+    if s.model_config is not None:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(s.seed)
+        model = Qwen2ForCausalLM(Qwen2Config(**s.model_config, attn_implementation="sdpa"))
+    else:
+        from labkit.rl.rollout import load_rollout_model
+
+        model, _ = load_rollout_model(s.model_path, "float32")
+    model.config.use_cache = False
+    return model.float()
+
+
+def check_settings(s: am.ActorSettings, world_size: int) -> int | None:
+    """Everything verl checks before a batch arrives: mesh, E12, E41/E42, profile, legacy E20–E22 (returns M′)."""
+    from labkit.model.ulysses import check_ulysses_heads
+
+    sp = s.ulysses_sequence_parallel_size
+    dist.check_actor_mesh(world_size, sp)
+    if s.profile not in ("legacy", "engine"):
+        raise ValueError(f"profile must be 'legacy' or 'engine', got {s.profile!r}")
+    if sp > 1 and not s.use_remove_padding:  # FSDPActorConfig.validate, both versions
+        raise ValueError(E12_SP_NEEDS_RMPAD)
+    if sp > 1:
+        cfg = model_config_values(s)
+        check_ulysses_heads(cfg["num_attention_heads"], cfg["num_key_value_heads"], sp)
+    if s.optim not in ("adamw", "sgd"):
+        raise ValueError(f"optim must be 'adamw' or 'sgd', got {s.optim!r}")
+    if s.profile == "legacy":
+        return am.legacy_normalized_mini(
+            s.ppo_mini_batch_size, s.rollout_n, world_size, sp, s.ppo_micro_batch_size_per_gpu
+        )
+    return None
+
+
+class ActorWorker(Worker):
+    """One rank of the actor (and its reference): FSDP2 shards over all W ranks, Ulysses groups of size sp."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__()
+        self.s = am.ActorSettings(**settings)
+        self.mini_legacy = check_settings(self.s, self.world_size)  # verl: in the worker's constructor
+        self.model = self.ref = self.optimizer = None
+        self.records: list[dict] = []
+
+    @classmethod
+    def check_world(cls, world_size: int, **settings: Any) -> None:
+        """The same checks on the driver, before any process starts (E41 names the head count, never a hang)."""
+        check_settings(am.ActorSettings(**settings), world_size)
+
+    # ---- set-up ---------------------------------------------------------------------------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Meshes (once), then actor + reference sharded with FSDP2 and the optimizer (rebuilt on every call)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        torch.set_num_threads(1)
+        sp = self.s.ulysses_sequence_parallel_size
+        if "actor" not in self._lk_dispatch:
+            self.mesh = dist.actor_mesh(sp)
+            self.dp_rank, self.sp_rank = dist.dp_rank(self.mesh), dist.sp_rank(self.mesh)
+            self.dp_size = self.world_size // sp
+            self.dp_group, self.sp_group = self.mesh.get_group("dp"), self.mesh.get_group("sp")
+            self._register_dispatch_collect_info(
+                "actor", dp_rank=self.dp_rank, is_collect=self.sp_rank == 0, sp_rank=self.sp_rank
+            )
+            self.fsdp_mesh = init_device_mesh(dist.device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+            state = dist.state()  # NCCL: one GPU per rank; gloo (CPU, or ranks sharing a GPU): the CPU
+            self.device = torch.device(state.device if state is not None and state.backend == "nccl" else "cpu")
+        self.model, self.ref = self._sharded(), self._sharded()
+        self.ref.eval().requires_grad_(False)
+        params = list(self.model.parameters())
+        if self.s.optim == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=self.s.lr, weight_decay=self.s.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                params, lr=self.s.lr, betas=tuple(self.s.betas), weight_decay=self.s.weight_decay
+            )
+        return {
+            "rank": self.rank,
+            "dp_rank": self.dp_rank,
+            "sp_rank": self.sp_rank,
+            "dp_size": self.dp_size,
+            "fsdp_world": self.world_size,
+            "local_params": sum(p.to_local().numel() for p in params),
+            "full_params": sum(p.numel() for p in params),
+        }
+
+    def _sharded(self) -> torch.nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = build_model(self.s).to(self.device)
+        sp = self.s.ulysses_sequence_parallel_size
+        if sp > 1:
+            from labkit.model.ulysses import apply_ulysses_patch
+
+            apply_ulysses_patch(model, sp)
+        mp = MixedPrecisionPolicy()
+        if self.s.param_dtype != "float32":
+            mp = MixedPrecisionPolicy(param_dtype=getattr(torch, self.s.param_dtype), reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=self.fsdp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=self.fsdp_mesh, mp_policy=mp)
+        return model
+
+    @register(Dispatch.ONE_TO_ALL)
+    def configure(self, rebuild: bool = False, **changes: Any) -> dict[str, Any]:
+        """Change settings on every rank (re-checked as at construction); model keys or ``rebuild`` rebuild the
+        models and the optimizer from the seed (the mesh, and so sp, stays)."""
+        new = self.s.with_(**changes)
+        if new.ulysses_sequence_parallel_size != self.s.ulysses_sequence_parallel_size:
+            raise ValueError("ulysses_sequence_parallel_size is fixed by the mesh; start a new worker group")
+        self.mini_legacy = check_settings(new, self.world_size)
+        model_changed = any(getattr(new, k) != getattr(self.s, k) for k in MODEL_KEYS)
+        self.s = new
+        if rebuild or model_changed:
+            self.init_model()
+        return new.as_dict()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def take_records(self) -> list[dict]:
+        """What each data call since the last take saw on this rank (micro-batches, collectives), oldest first."""
+        out, self.records = self.records, []
+        return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def full_params(self) -> dict[str, np.ndarray] | None:
+        """The actor's full fp32 parameters (an all-gather on every rank); rank 0 returns them as numpy."""
+        full = {n: p.full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
+        return {n: t.numpy().copy() for n, t in full.items()} if self.rank == 0 else None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def usage(self) -> dict[str, float]:
+        """This rank's CPU seconds and peak resident memory so far (what verl logs as perf/cpu_memory_used_gb)."""
+        import resource
+        import time
+
+        return {
+            "rank": self.rank,
+            "cpu_s": time.process_time(),
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+
+    # ---- log-probs --------------------------------------------------------------------------------------------------
+    @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """old_log_probs (+ entropys) of this DP rank's rows. Mirrors ActorRolloutRefWorker.compute_log_prob."""
+        lp, ent = self._log_prob(self.model, data, "actor", calculate_entropy=True)
+        return DataProto.from_dict(
+            tensors={"old_log_probs": lp, "entropys": ent}, meta_info={"temperature": data.meta_info["temperature"]}
+        )
+
+    @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """ref_log_prob of this DP rank's rows. Mirrors ActorRolloutRefWorker.compute_ref_log_prob."""
+        lp, _ = self._log_prob(self.ref, data, "ref", calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_prob": lp})
+
+    def _temperature(self, data: DataProto) -> float:
+        if "temperature" not in data.meta_info:
+            raise KeyError("temperature must be in data.meta_info (verl reads it there to avoid a silent default)")
+        return float(data.meta_info["temperature"])
+
+    def _log_prob(self, model, data: DataProto, which: str, calculate_entropy: bool):
+        s, sp = self.s, self.s.ulysses_sequence_parallel_size
+        temperature = self._temperature(data)
+        p = am.log_prob_params(s, which)
+        rec = CallRecord(self, data)
+        parts = None if p.dynamic else am.static_parts(s.profile, len(data), p.micro)  # E30 before any collective
+        if s.profile == "engine":
+            self._batch_num_tokens(rec, data, p.budget * sp if p.dynamic else None)
+        if p.dynamic:
+            parts = self._dynamic_parts(rec, data, p.budget * sp)
+        model.eval()
+        lps, ents = [], []
+        with torch.no_grad():
+            for idx in parts:
+                lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
+                lps.append(lp.cpu())
+                ents.append(ent.cpu() if ent is not None else None)
+        lp = torch.cat(lps)
+        ent = torch.cat(ents) if calculate_entropy else None
+        if p.dynamic:
+            lp = restore_dynamic_batch(lp, parts)
+            ent = restore_dynamic_batch(ent, parts) if ent is not None else None
+        self.records.append(rec.finish())
+        return lp, ent
+
+    def _rmpad(self) -> bool:
+        return self.s.use_remove_padding
+
+    def _pad_to_longest(self) -> bool:
+        """Engine without rmpad pads each micro-batch to its longest row; legacy dp_actor feeds the full width."""
+        return self.s.profile == "engine" and not self.s.use_remove_padding
+
+    def _batch_num_tokens(self, rec: CallRecord, data: DataProto, budget: int | None) -> int:
+        """Engine: response tokens summed over the DP group (the global loss denominator). The same all-reduce also
+        carries each DP rank's E31 verdict, so every rank raises verl's E31 together instead of peers hanging."""
+        if "response_mask" in data.batch.keys():
+            tokens = int(data.batch["response_mask"].sum())
+        else:
+            tokens = int(data.batch["attention_mask"][:, -data.batch["responses"].shape[1] :].sum())
+        payload = torch.zeros(1 + self.dp_size, dtype=torch.long)
+        payload[0] = tokens
+        longest = int(data.batch["attention_mask"].sum(-1).max()) if len(data) else 0
+        if budget is not None and longest > budget:
+            payload[1 + self.dp_rank] = longest
+        payload = dist.all_reduce(payload.to(self.device), "sum", group=self.dp_group).cpu()
+        rec.count("all_reduce(sum):batch_num_tokens")
+        bad = [int(v) for v in payload[1:] if v > 0]
+        if bad:
+            own = longest if longest > budget else bad[0]
+            raise AssertionError(message("E31", budget=budget, longest=f"tensor({own})"))
+        return int(payload[0])
+
+    def _dynamic_parts(self, rec: CallRecord, data: DataProto, budget: int) -> list[list[int]]:
+        """Token-budget micro-batches; the count is MAX-synced over the world (legacy, 0.8: dp_group None) or the DP
+        group (engine). Mirrors seqlen_balancing.rearrange_micro_batches."""
+        lens = data.batch["attention_mask"].sum(-1)
+        legacy = self.s.profile == "legacy"
+        group = None if legacy else self.dp_group
+        seen = {"max": 0}
+
+        def sync(op: str, values: list[int]) -> list[int]:
+            t = torch.tensor(values, dtype=torch.long, device=self.device)
+            dist.all_reduce(t, op, group=group)
+            if op == "min":
+                rec.count("all_reduce(min):within_limit")
+            else:
+                rec.count("all_reduce(max):num_micro_batches" if seen["max"] == 0 else "all_reduce(max):group_stats")
+                seen["max"] += 1
+            return t.tolist()
+
+        plan = rearrange_micro_batches(
+            lens,
+            budget,
+            profile=self.s.profile,
+            dp_sync=sync,
+            max_seq_len=data.batch["attention_mask"].shape[-1] if legacy else None,
+        )
+        return plan.indices
+
+    def _forward(
+        self, rec: CallRecord, model, data: DataProto, idx: list[int], temperature: float, calculate_entropy: bool
+    ):
+        """One micro-batch through forward_micro_batch (padded or packed, SP-split when sp > 1)."""
+        sp = self.s.ulysses_sequence_parallel_size
+        rows = torch.as_tensor(idx, dtype=torch.long)
+        micro = {k: data.batch[k][rows].to(self.device) for k in LOG_PROB_KEYS}
+        rec.micro(idx, micro["attention_mask"], self._rmpad(), sp, self._pad_to_longest())
+        before = dist.collective_counts()
+        lp, ent = forward_micro_batch(
+            model,
+            micro,
+            use_remove_padding=self._rmpad(),
+            sp_group=self.sp_group if sp > 1 else None,
+            temperature=temperature,
+            calculate_entropy=calculate_entropy,
+            chunked=self.s.chunked_logprob,
+            pad_to_longest=self._pad_to_longest(),
+        )
+        rec.forward(before, sp)
+        return lp, ent
+
+    # ---- update ---------------------------------------------------------------------------------------------------
+    @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update of this DP rank's rows. Mirrors DataParallelPPOActor.update_policy (legacy) and
+        TrainingWorker.train_mini_batch + FSDPEngine.forward_backward_batch (engine)."""
+        from labkit.rl.actor_update import run_update
+
+        return run_update(self, data)

@@ -1,0 +1,30 @@
+"""The collectives a training step issues, by stable name: the planner predicts their counts per rank and stage,
+the live runtime counts the same names, so the two can be compared one to one.
+"""
+
+from __future__ import annotations
+
+# Stable collective names. Counts are calls issued by one rank in one stage of one training step; a call that runs
+# once per FSDP unit or per attention layer (params all-gather, Ulysses all-to-all) is counted once per pass.
+COLLECTIVES: dict[str, str] = {
+    "all_gather(data_proto)": "≤v0.5 DP_COMPUTE_PROTO pre-processing: inputs all-gathered inside the rollout TP "
+    "group (generate) or the Ulysses SP group (log-prob, update); once per call (all_gather_data_proto)",
+    "all_reduce(max):num_micro_batches": "dynamic micro-batching: MAX of the micro-batch count over the DP group "
+    "(legacy: the world group); once per rearrange_micro_batches call",
+    "all_reduce(max):group_stats": "engine (0.9.1) dynamic micro-batching: MAX of (longest forced group, -#groups) "
+    "before partitioning; once per rearrange_micro_batches call",
+    "all_reduce(min):within_limit": "engine (0.9.1) hard token cap: AND of 'every bucket fits' over the DP group; "
+    "once per partition attempt",
+    "all_reduce(sum):batch_num_tokens": "engine forward_backward_batch: loss-mask tokens of the batch over the DP "
+    "group (the global loss denominator); once per call (log-prob) or per mini-batch (update)",
+    "all_gather(params)": "FSDP parameter all-gather for a forward pass; once per micro-batch forward",
+    "all_gather(params):backward": "FSDP parameter re-gather for a backward pass (reshard after forward); once per "
+    "micro-batch backward",
+    "reduce_scatter(grads)": "FSDP gradient reduce-scatter: legacy after every micro-batch backward; engine only "
+    "on the last micro-batch of a mini-batch (no_sync)",
+    "all_reduce(sum):grad_norm": "gradient-norm all-reduce of clip_grad_norm_; once per optimizer step",
+    "all_to_all(ulysses)": "Ulysses head/sequence all-to-all; once per micro-batch forward (sp > 1)",
+    "all_to_all(ulysses):backward": "Ulysses all-to-all in the backward pass; once per micro-batch backward (sp > 1)",
+    "all_gather(ulysses_outputs)": "gather_outputs_and_unpad of log-probs (or values) over the SP group; once per "
+    "micro-batch forward (sp > 1)",
+}

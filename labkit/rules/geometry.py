@@ -1,0 +1,143 @@
+"""The batch geometry of one RL step, derived once from a config and its profile, and the size rules it rests on.
+
+Every layer reads sizes from here: validate, the planner, the live actor and the trainer. The names are verl's:
+B prompts per step (``data.gen_batch_size``, else ``data.train_batch_size``), n samples per prompt, W GPUs, the
+actor's Ulysses size sp, D = W // sp data-parallel ranks, the rollout mesh (dp, infer_tp, infer_pp) with
+infer_tp = tp·rollout dp (``ActorRolloutRefWorker._build_rollout``) and R = W // (infer_tp·infer_pp) replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.config.keys import ARR
+from labkit.config.lengths import resolve_lengths
+
+WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L² (the attention term of a 7B-class model)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """⌈a / b⌉ for positive b."""
+    return -(a // -b)
+
+
+def ulysses_padded(tokens: int, sp: int) -> int:
+    """Packed tokens after ``ulysses_pad``: round up to a multiple of sp (pad = (sp - nnz % sp) % sp)."""
+    return ceil_div(tokens, sp) * sp
+
+
+def workload(length: int) -> int:
+    """One row's balancing workload, 24576·L + L². Mirrors verl/utils/seqlen_balancing.py: calculate_workload."""
+    return WORKLOAD_LINEAR * length + length * length
+
+
+def dataloader_batch_size(get: Callable[[str], Any]) -> int:
+    """B: the dataloader's prompts per step, ``data.gen_batch_size`` when set, else ``data.train_batch_size``."""
+    return get("data.gen_batch_size") or get("data.train_batch_size")
+
+
+def dp_size_of(world_size: int, sp: int) -> int:
+    """D = W // sp, or 0 when sp does not divide W (torch cannot build the (dp, sp) mesh: X4)."""
+    return world_size // sp if world_size % sp == 0 else 0
+
+
+def rollout_replicas_of(world_size: int, infer_tp: int, infer_pp: int) -> int:
+    """R = W // (infer_tp·infer_pp) rollout replicas, or 0 when the rollout mesh does not tile W (E23)."""
+    size = infer_tp * infer_pp
+    return world_size // size if world_size % size == 0 else 0
+
+
+def legacy_normalized_mini(mini_batch_size: int, rollout_n: int, world_size: int, sp: int) -> int:
+    """M′ = (M·n) // (W // sp): the legacy worker's per-rank mini-batch, before its E20–E22 asserts.
+    Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ / CriticWorker.__init__ (≤ 0.8)."""
+    return (mini_batch_size * rollout_n) // (world_size // sp)
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """The sizes of one training step (``from_config``); each field is one of verl's quantities."""
+
+    profile: str
+    """``legacy`` (verl ≤ 0.8 workers) or ``engine`` (verl 0.9.1 engine workers)."""
+    train_batch_size: int
+    """``data.train_batch_size``: prompts per training step."""
+    prompts: int
+    """B, the dataloader batch: ``data.gen_batch_size`` when set, else ``data.train_batch_size``."""
+    rollout_n: int
+    """n, ``rollout.n``: samples generated per prompt."""
+    samples: int
+    """B·n rows after the driver's repeat."""
+    world_size: int
+    """W = ``trainer.n_gpus_per_node`` × ``trainer.nnodes``."""
+    ulysses_sp: int
+    """sp, the actor's ``ulysses_sequence_parallel_size``."""
+    dp_size: int
+    """D = W // sp data-parallel ranks of the actor (0 when sp does not divide W)."""
+    rollout_tp: int
+    """``rollout.tensor_model_parallel_size``."""
+    rollout_dp: int
+    """``rollout.data_parallel_size`` (folded into the inference TP size)."""
+    rollout_pp: int
+    """``rollout.pipeline_model_parallel_size`` (infer_pp)."""
+    infer_tp: int
+    """tp·rollout dp: the rollout mesh's TP dimension."""
+    rollout_replicas: int
+    """R = W // (infer_tp·infer_pp) rollout engines (0 when the mesh does not tile W)."""
+    agent_workers: int
+    """A, ``rollout.agent.num_workers``: agent-loop workers the samples are split over."""
+    prompt_length: int
+    """``rollout.prompt_length``: padded prompt width."""
+    response_length: int
+    """``rollout.response_length``: padded response width."""
+    width: int
+    """prompt_length + response_length: the padded row width, the longest a sample can be."""
+    remove_padding: bool
+    """The actor's ``use_remove_padding`` (``model.`` in the engine profile, ``actor.`` in legacy)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> BatchGeometry:
+        """Read every size from ``cfg`` (a ``labkit.config.verl_config.VerlConfig``), once."""
+        g = cfg.get
+        n, world, sp = g(f"{ARR}.rollout.n"), cfg.n_gpus, g(f"{ARR}.actor.ulysses_sequence_parallel_size")
+        tp, rdp, pp = (g(f"{ARR}.rollout.{k}_parallel_size") for k in ("tensor_model", "data", "pipeline_model"))
+        prompts, pl, rl = (
+            dataloader_batch_size(g),
+            g(f"{ARR}.rollout.prompt_length"),
+            g(f"{ARR}.rollout.response_length"),
+        )
+        rmpad = g(f"{ARR}.{'model' if cfg.profile == 'engine' else 'actor'}.use_remove_padding")
+        return cls(
+            profile=cfg.profile,
+            train_batch_size=g("data.train_batch_size"),
+            prompts=prompts,
+            rollout_n=n,
+            samples=prompts * n,
+            world_size=world,
+            ulysses_sp=sp,
+            dp_size=dp_size_of(world, sp),
+            rollout_tp=tp,
+            rollout_dp=rdp,
+            rollout_pp=pp,
+            infer_tp=tp * rdp,
+            rollout_replicas=rollout_replicas_of(world, tp * rdp, pp),
+            agent_workers=g(f"{ARR}.rollout.agent.num_workers"),
+            prompt_length=pl,
+            response_length=rl,
+            width=pl + rl,
+            remove_padding=bool(rmpad),
+        )
+
+
+def lengths_for_config(cfg: Any, spec: Sequence[int] | str | None, seed: int = 0) -> list[int] | None:
+    """One length per sample of ``cfg``'s step (``labkit.config.lengths.resolve_lengths`` with B, n and the widths)."""
+    geo = BatchGeometry.from_config(cfg)
+    return resolve_lengths(
+        spec,
+        n_prompts=geo.prompts,
+        n=geo.rollout_n,
+        prompt_length=geo.prompt_length,
+        response_length=geo.response_length,
+        seed=seed,
+    )

@@ -1,0 +1,311 @@
+"""Rank processes on this machine: the local-process launcher and process bookkeeping (/proc, no psutil).
+
+The local launcher is the fallback where Ray is absent (the GPU box): ranks forked from a preloaded multiprocessing
+fork server (or spawned), one command pipe and one status pipe per rank, payloads pickled with plain `pickle` (never
+ForkingPickler, whose shared-memory tensors can hang the parent). Mirrors the role of
+verl/single_controller/ray/base.py: RayWorkerGroup."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from labkit.runtime.rank_host import RankHost
+
+__all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while /proc/<pid> exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait until every pid is gone; SIGKILL the rank processes still there after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in (p for p in pids if pid_alive(p)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+# ---- local processes ----------------------------------------------------------------------------------------------
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _send(conn: Any, obj: Any) -> None:
+    conn.send_bytes(_dumps(obj))
+
+
+def _recv(conn: Any) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _serve_status(conn: Any, host: RankHost) -> None:
+    try:
+        while True:
+            conn.recv_bytes()
+            _send(conn, host.status())
+    except (EOFError, OSError):
+        return
+
+
+def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict) -> None:
+    """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes."""
+    host = RankHost(**host_kwargs)
+    threading.Thread(target=_serve_status, args=(status_conn, host), daemon=True).start()
+    _send(conn, ("ready", host.ready()))
+    while True:
+        try:
+            msg = _recv(conn)
+        except (EOFError, OSError):
+            break
+        if msg[0] == "call":
+            _, call_id, method, args, kwargs, opts = msg
+            _send(conn, ("result", call_id, host.call(method, args, kwargs, **opts)))
+        elif msg[0] == "shutdown":
+            _send(conn, ("bye", host.shutdown()))
+            break
+    host.shutdown()
+
+
+FORKSERVER_PRELOAD = [
+    "labkit.runtime.local_launcher",
+    "labkit.runtime.rank_host",
+    "labkit.protocol.data_proto",
+    "torch.distributed.device_mesh",
+]
+
+
+def stop_forkserver() -> None:
+    """Stop multiprocessing's fork server (started by the first local group; it holds the preloaded imports)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+def check_importable(worker_cls: type) -> None:
+    """Local rank processes unpickle the worker class by reference: it must be importable from a module (or from a
+    script's __main__, which multiprocessing re-imports); a class of a notebook/REPL/stdin, or one defined inside a
+    function, would only fail in the ranks ("exited with code 1")."""
+    module, qualname = getattr(worker_cls, "__module__", None), getattr(worker_cls, "__qualname__", "")
+    hint = (
+        "launcher='local' starts ranks that import the worker class by name: define it in an importable module "
+        "(e.g. under labkit/), or use launcher='ray', which ships classes by value"
+    )
+    if "<locals>" in qualname:
+        raise ValueError(f"worker class {qualname} is defined inside a function; {hint}")
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+        main_file = getattr(main, "__file__", None) or ""
+        if not spec_name and not os.path.isfile(main_file):
+            raise ValueError(
+                f"worker class {qualname} is defined in an interactive __main__ (notebook, REPL or "
+                f"stdin) that rank processes cannot import; {hint}"
+            )
+        return
+    try:
+        obj: Any = importlib.import_module(module or "")
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"worker class {module}.{qualname} cannot be imported by name ({exc}); {hint}") from None
+    if obj is not worker_cls:
+        raise ValueError(f"{module}.{qualname} is not the worker class passed (redefined or shadowed); {hint}")
+
+
+class LocalLauncher:
+    """W rank processes on this machine, forked from a preloaded fork server (default) or spawned; same interface as
+    RayLauncher. The fork server costs one torch/tensordict import per driver instead of one per rank."""
+
+    name = "local"
+
+    def __init__(self, world_size: int, host_kwargs: list[dict], start_method: str | None = None) -> None:
+        import torch.multiprocessing as mp
+
+        method = start_method or os.environ.get("LABKIT_START_METHOD", "forkserver")
+        if method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {method!r}")
+        ctx = mp.get_context(method)
+        if method == "forkserver":  # one process imports torch/tensordict once; ranks are forked from it
+            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        self.world_size = world_size
+        self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
+        self._results: dict[int, dict[int, dict]] = {}
+        self._next_id = 0
+        if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
+            host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
+        try:
+            self._spawn(ctx, host_kwargs)  # fills self.pids as ranks start, so a failed start can close them
+        except BaseException:
+            self.close(graceful_s=0.0)
+            raise
+
+    def _spawn(self, ctx: Any, host_kwargs: list[dict]) -> None:
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe(duplex=True)
+            sparent, schild = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=local_rank_main, args=(child, schild, host_kwargs[rank]), name=f"labkit-rank{rank}", daemon=True
+            )
+            proc.start()
+            child.close()
+            schild.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+            self.status_conns.append(sparent)
+            self.pids = [p.pid for p in self.procs]
+
+    def wait_ready(self, timeout_s: float) -> dict[int, dict]:
+        """Ready envelopes by rank (a rank that died or stayed silent gets an error envelope)."""
+        out: dict[int, dict] = {}
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while len(out) < self.world_size and time.monotonic() < deadline:
+            for rank, env in self._drain(0.2).items():
+                out.setdefault(rank, env)
+            if any(not e["ok"] for e in out.values()):
+                break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
+        for rank in range(self.world_size):
+            out.setdefault(
+                rank,
+                {
+                    "ok": False,
+                    "rank": rank,
+                    "method": "__init__",
+                    "exc_type": "NotReady",
+                    "pending": True,
+                    "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
+                    f"(start_timeout_s={timeout_s:g})",
+                    "traceback": "",
+                },
+            )
+        return out
+
+    def _dead_envelope(self, rank: int, method: str) -> dict:
+        code = self.procs[rank].exitcode
+        return {
+            "ok": False,
+            "rank": rank,
+            "method": method,
+            "exc_type": "RankDied",
+            "died": True,
+            "message": f"rank {rank} (pid {self.pids[rank]}) exited with code {code}",
+            "traceback": "",
+        }
+
+    def _drain(self, timeout: float) -> dict[int, dict]:
+        """Read every message available within `timeout`; results are filed by call id, ready/death returned."""
+        ready: dict[int, dict] = {}
+        live = {c: r for r, c in enumerate(self.conns) if not c.closed}
+        sentinels = {self.procs[r].sentinel: r for r in live.values()}
+        for obj in mp_wait(list(live) + list(sentinels), timeout):
+            if obj in sentinels:
+                continue
+            rank = live[obj]
+            try:
+                msg = _recv(obj)
+            except (EOFError, OSError):
+                obj.close()
+                continue
+            if msg[0] == "ready":
+                ready[rank] = msg[1]
+            elif msg[0] == "result":
+                self._results.setdefault(msg[1], {})[rank] = msg[2]
+        for rank, proc in enumerate(self.procs):
+            if not proc.is_alive() and rank not in ready:
+                ready[rank] = self._dead_envelope(rank, "__init__")
+        return ready
+
+    def submit(
+        self, ranks: list[int], method: str, per_rank_args: list[tuple], per_rank_kwargs: list[dict], opts: dict
+    ) -> tuple[int, list[int], str]:
+        call_id = self._next_id = self._next_id + 1
+        # pickle every rank's message first: an unpicklable argument fails here, before any rank starts the call
+        payloads = {
+            rank: _dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts)) for rank in ranks
+        }
+        for rank in ranks:
+            try:
+                self.conns[rank].send_bytes(payloads[rank])
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                if self.procs[rank].is_alive():  # not a dead peer: a real pickling/pipe problem of this call
+                    raise
+                self._results.setdefault(call_id, {})[rank] = self._dead_envelope(rank, method)
+        return call_id, list(ranks), method
+
+    def poll(self, handle: tuple[int, list[int], str], timeout: float) -> dict[int, dict]:
+        """Envelopes of `handle` that have arrived (a dead rank's envelope says so)."""
+        call_id, ranks, method = handle
+        self._drain(timeout)
+        got = self._results.get(call_id, {})
+        for rank in ranks:
+            if rank not in got and not self.procs[rank].is_alive():
+                self._drain(0)  # a last message may still be in the pipe
+                got.setdefault(rank, self._dead_envelope(rank, method))
+        if len(got) == len(ranks):
+            self._results.pop(call_id, None)
+        return dict(got)
+
+    def status(self, ranks: list[int], timeout: float = 1.0) -> dict[int, dict | None]:
+        out: dict[int, dict | None] = {}
+        for rank in ranks:
+            conn = self.status_conns[rank]
+            try:
+                conn.send_bytes(b"?")
+                out[rank] = _recv(conn) if conn.poll(timeout) else None
+            except (EOFError, OSError, BrokenPipeError):
+                out[rank] = None
+        return out
+
+    def close(self, graceful_s: float = 3.0) -> list[dict]:
+        """Ask every rank to destroy its process group, then terminate/kill whatever is still alive."""
+        reports: dict[int, dict] = {}
+        for rank, conn in enumerate(self.conns[: len(self.procs)]):  # a spawn that failed partway has fewer
+            try:
+                if self.procs[rank].is_alive():
+                    _send(conn, ("shutdown",))
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + graceful_s
+        for rank, conn in enumerate(self.conns[: len(self.procs)]):
+            while rank not in reports and self.procs[rank].is_alive() and time.monotonic() < deadline:
+                try:
+                    if conn.poll(0.05):
+                        msg = _recv(conn)
+                        if msg[0] == "bye":
+                            reports[rank] = msg[1]
+                except (EOFError, OSError):
+                    break
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for conn in self.conns + self.status_conns:
+            conn.close()
+        return [
+            reports.get(r, {"rank": r, "pid": self.pids[r], "pg_destroyed": None, "killed": True})
+            for r in range(self.world_size)
+        ]

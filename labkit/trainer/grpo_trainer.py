@@ -1,0 +1,383 @@
+"""One or more GRPO steps live on a worker group, in verl's order, with verl's metric names and a live trace.
+
+``GRPOTrainer`` starts one group of hybrid-engine workers (``labkit.rl.hybrid_worker.ActorRolloutRefWorker``: actor,
+reference and rollout colocated on the same ranks, as verl's default) and runs, per ``step()``: gen → balance →
+reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.rl.reward.apply_kl_penalty`` first when
+``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``.
+``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
+collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
+Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order) and metric_utils.compute_data_metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from labkit.balance.balance_batch import balance_batch
+from labkit.config.keys import ARR
+from labkit.config.verl_config import VerlConfig, load_config
+from labkit.plan.step import plan
+from labkit.protocol.data_proto import DataProto
+from labkit.rl import actor_client as ar
+from labkit.rl import rollout
+from labkit.rl.algo import agg_loss, grpo_outcome_advantage
+from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
+from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
+from labkit.runtime.worker_group import WorkerGroup
+from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trainer.live_rollout import sizes
+
+DEFAULT_OVERRIDES = (
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    f"{ARR}.rollout.n=4",
+    "trainer.n_gpus_per_node=4",
+    f"{ARR}.rollout.tensor_model_parallel_size=1",
+    "data.max_prompt_length=24",
+    "data.max_response_length=32",
+    f"{ARR}.rollout.agent.num_workers=4",
+    f"{ARR}.actor.ppo_mini_batch_size=8",
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4",
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=4",
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=4",
+    f"{ARR}.actor.entropy_coeff=0",
+)
+RANK_STAGES = ("generate", "old_log_prob", "ref_log_prob", "update_actor")
+COMPARED = ("balance", "old_log_prob", "ref_log_prob", "update_actor")
+FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tokens", "mini_batches", "collectives")
+
+
+def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
+    """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides."""
+    if isinstance(cfg, VerlConfig):
+        return cfg
+    return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
+
+
+def _stats(prefix: str, v: torch.Tensor, nan_if_empty: bool) -> dict[str, float]:
+    """mean/max/min of ``v``; empty: NaN (0.9.1) or torch.max's RuntimeError (0.7.1 has no empty guard)."""
+    if v.numel() == 0 and nan_if_empty:
+        return {f"{prefix}/{k}": float("nan") for k in ("mean", "max", "min")}
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+def data_metrics(
+    batch: DataProto, max_response_length: int, max_prompt_length: int, profile: str = "engine"
+) -> dict[str, float]:
+    """critic/score|rewards (non-aborted rows: response length > 0)|advantages|returns/{mean,max,min},
+    response_length/*, response_length_non_aborted/*, response/aborted_ratio, prompt_length/* (no critic).
+    Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics(use_critic=False), in 0.7.1 and 0.9.1 alike
+    except when a selection is empty: 0.9.1 logs NaN, 0.7.1 raises."""
+    b, nan_ok = batch.batch, profile == "engine"
+    resp_mask = b["response_mask"].bool()
+    prompt_len = b["attention_mask"][:, : -b["responses"].shape[1]].sum(-1).float()
+    resp_len = resp_mask.sum(-1).float()
+    kept = resp_len != 0
+    out: dict[str, float] = {}
+    for name, seq in (("score", b["token_level_scores"].sum(-1)), ("rewards", b["token_level_rewards"].sum(-1))):
+        out.update(_stats(f"critic/{name}", seq[kept], nan_ok))
+    for name in ("advantages", "returns"):
+        out.update(_stats(f"critic/{name}", b[name][resp_mask], nan_ok))
+    if not nan_ok and not bool(kept.any()):
+        raise ValueError("All samples are aborted, this should not happen.")
+    for name, seq, top in (
+        ("response_length", resp_len, max_response_length),
+        ("response_length_non_aborted", resp_len[kept], max_response_length),
+        ("prompt_length", prompt_len, max_prompt_length),
+    ):
+        out.update(_stats(name, seq, nan_ok))
+        out[f"{name}/clip_ratio"] = float((seq == top).float().mean()) if seq.numel() else float("nan")
+    out["response/aborted_ratio"] = float((~kept).float().mean())
+    return out
+
+
+class _Progress:
+    """tqdm when installed (never a new dependency), else one printed line per stage."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.bar, self.enabled, self.desc = None, enabled, desc
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, leave=False)
+            except ImportError:
+                pass
+
+    def stage(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(name)
+        elif self.enabled:
+            print(f"{self.desc}: {name} …", file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class GRPOTrainer:
+    """A worker group of hybrid-engine ranks for one config; ``step()`` runs one full GRPO step and returns metrics.
+
+    The actor's AdamW learning rate is ``actor_rollout_ref.actor.optim.lr`` of the config unless ``lr`` is given."""
+
+    def __init__(
+        self,
+        cfg: VerlConfig | Sequence[str] | None = None,
+        *,
+        launcher: str = "auto",
+        seed: int = 0,
+        lr: float | None = None,
+        progress: bool = True,
+        fixed_prompts: bool = False,
+        timeout_s: float = 300.0,
+        collective_timeout_s: float = 60.0,
+    ) -> None:
+        self.cfg = trainer_config(cfg)
+        if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
+            raise ValueError(
+                f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
+                f"{self.cfg.get('algorithm.adv_estimator')!r}"
+            )
+        sp, ref_sp = (self.cfg.get(f"{ARR}.{role}.ulysses_sequence_parallel_size") for role in ("actor", "ref"))
+        if ref_sp != sp:  # the planner models verl's ref on its own SP size; the live ref shares the actor's
+            raise ValueError(
+                f"the live trainer runs the reference on the actor's Ulysses groups: "
+                f"{ARR}.ref.ulysses_sequence_parallel_size={ref_sp} must equal the actor's {sp} (verl's "
+                f"default); labkit.plan.step shows what verl does with a different ref size"
+            )
+        self.sizes = s = sizes(self.cfg)
+        self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
+        self.kl_ctrl_in_reward = (
+            kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward") else None
+        )  # RayPPOTrainer.__init__: core_algos.get_kl_controller
+        self.settings = settings_for(self.cfg).with_(seed=seed, **({} if lr is None else {"lr": float(lr)}))
+        self.global_steps, self.history = 0, []
+        self.trace: StepTrace | None = None
+        self.lengths: list[int] | None = None
+        self.tokenizer = rollout.load_tokenizer()
+        roll = dict(
+            tp=s.geo.rollout_tp,
+            rdp=s.geo.rollout_dp,
+            pp=s.geo.rollout_pp,
+            prompt_length=s.geo.prompt_length,
+            response_length=s.geo.response_length,
+        )
+        self.wg = WorkerGroup(
+            ActorRolloutRefWorker,
+            s.geo.world_size,
+            launcher=launcher,
+            timeout_s=timeout_s,
+            collective_timeout_s=collective_timeout_s,
+            profile=self.cfg.profile,
+            init_kwargs=dict(rollout=roll, **self.settings.as_dict()),
+        )
+        try:
+            self.info = self.wg.init_model()
+        except BaseException:
+            self.wg.close()
+            raise
+        self.wg.actor_settings = self.settings
+        self.wg.reset_trace()
+
+    def __enter__(self) -> GRPOTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> dict[str, Any]:
+        """Close the worker group (idempotent); reports the rank processes still alive (must be none)."""
+        teardown = self.wg.close()
+        return {"left_pids": self.wg.alive_pids(), "teardown": teardown}
+
+    @contextmanager
+    def _timer(self, name: str, timing: dict[str, float], bar: _Progress) -> Iterator[None]:
+        bar.stage(name)
+        t0 = time.perf_counter()
+        yield
+        timing[name] = time.perf_counter() - t0
+        bar.advance()
+
+    def _memory(self) -> list[int]:
+        return [m["peak_rss_bytes"] for m in self.wg.peak_memory()]
+
+    def step(self) -> dict[str, Any]:
+        """One step: gen → balance → reward → old_log_prob → ref → adv → update_actor → update_weights."""
+        s, cfg = self.sizes, self.cfg
+        self.global_steps += 1
+        use_ref = cfg.need_reference_policy
+        metrics: dict[str, Any] = {}
+        timing: dict[str, float] = {}
+        mem: dict[str, list[int]] = {}
+        self.wg.reset_trace()
+        bar = _Progress(7 + use_ref, f"GRPO step {self.global_steps}", self.progress)
+        try:
+            with self._timer("step", timing, _Progress(0, "", False)):
+                data_seed = self.seed if self.fixed_prompts else self.seed * 100_003 + self.global_steps
+                prompts = rollout.make_gen_batch(s.geo.prompts, data_seed, s.geo.prompt_length, self.tokenizer)
+                with self._timer("gen", timing, bar):
+                    batch = rollout.generate(
+                        self.wg,
+                        prompts,
+                        s.geo.rollout_n,
+                        do_sample=s.do_sample,
+                        temperature=s.temperature,
+                        top_k=s.top_k,
+                        top_p=s.top_p,
+                        response_length=s.geo.response_length,
+                        seed=self.seed * 1_000_003 + self.global_steps,
+                    )
+                    gen_metrics = batch.meta_info.pop("metrics", [])
+                mem["generate"] = self._memory()
+                self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
+                order = list(range(len(batch)))
+                with self._timer("balance", timing, bar):
+                    if cfg.get("trainer.balance_batch"):
+                        res = balance_batch(self.lengths, self.wg.dp_size("actor"))
+                        order = res.global_idx
+                        batch.reorder(torch.tensor(order))
+                        metrics.update(res.metrics)
+                batch.meta_info.update(
+                    temperature=s.temperature, global_token_num=batch.batch["attention_mask"].sum(-1).tolist()
+                )
+                with self._timer("reward", timing, bar):
+                    scores, _ = token_level_scores(batch, self.tokenizer)
+                    batch.batch["token_level_scores"] = scores
+                with self._timer("old_log_prob", timing, bar):
+                    old = ar.compute_log_prob(self.wg, batch)
+                    ent = old.batch["entropys"]
+                    metrics["actor/entropy"] = float(
+                        agg_loss(
+                            ent,
+                            batch.batch["response_mask"],
+                            self.settings.loss_agg_mode,
+                            profile=cfg.profile,
+                            loss_scale_factor=self.settings.loss_scale_factor,
+                        )
+                    )
+                    old.pop(batch_keys=["entropys"])
+                    batch.union(old)
+                mem["old_log_prob"] = self._memory()
+                if use_ref:
+                    with self._timer("ref", timing, bar):
+                        batch.union(ar.compute_ref_log_prob(self.wg, batch))
+                    mem["ref_log_prob"] = self._memory()
+                with self._timer("adv", timing, bar):
+                    b = batch.batch
+                    if self.kl_ctrl_in_reward is not None:  # ray_trainer.fit: apply_kl_penalty before the advantage
+                        b["token_level_rewards"], kl_metrics = apply_kl_penalty(
+                            b["token_level_scores"],
+                            b["old_log_probs"],
+                            b["ref_log_prob"],
+                            b["response_mask"],
+                            self.kl_ctrl_in_reward,
+                            cfg.get("algorithm.kl_penalty"),
+                            profile=cfg.profile,
+                        )
+                        metrics.update(kl_metrics)
+                    else:
+                        b["token_level_rewards"] = b["token_level_scores"]
+                    adv, ret = grpo_outcome_advantage(
+                        batch.batch["token_level_rewards"],
+                        batch.batch["response_mask"],
+                        batch.non_tensor_batch["uid"],
+                        norm_adv_by_std_in_grpo=cfg.get("algorithm.norm_adv_by_std_in_grpo"),
+                    )
+                    batch.batch["advantages"], batch.batch["returns"] = adv, ret
+                with self._timer("update_actor", timing, bar):
+                    metrics.update(ar.update_actor(self.wg, batch))
+                mem["update_actor"] = self._memory()
+                with self._timer("update_weights", timing, bar):
+                    self.synced = self.wg.update_weights()
+        finally:
+            bar.close()
+        metrics.update(data_metrics(batch, s.geo.response_length, s.geo.prompt_length, cfg.profile))
+        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        tokens = int(sum(batch.meta_info["global_token_num"]))
+        metrics.update(
+            {
+                "perf/total_num_tokens": tokens,
+                "perf/time_per_step": timing["step"],
+                "perf/throughput": tokens / (timing["step"] * s.geo.world_size),
+                "training/global_step": self.global_steps,
+            }
+        )
+        self.batch, self.order, self.gen_metrics = batch, order, gen_metrics
+        self.trace = self._live_trace(order, mem, metrics)
+        self.history.append(metrics)
+        return metrics
+
+    def _live_trace(self, order: list[int], mem: dict[str, list[int]], metrics: dict) -> StepTrace:
+        """The group's trace of this step plus the driver stages and a ``balance`` record per rank: the rows and
+        tokens each rank then received at old_log_prob (dispatch of the reordered batch), with their indices."""
+        tr = self.wg.reset_trace()
+        N, D = len(order), self.wg.dp_size("actor")
+        tr.stages[:0] = [
+            StageRecord("dataloader", "dataloader batch", self.sizes.geo.prompts, "prompts"),
+            StageRecord("repeat", "repeat for generation", N, "samples"),
+        ]
+        size = N // D
+        tr.stages.append(StageRecord("balance", "union + _balance_batch", N, "samples", size))
+        for r in tr.at("old_log_prob"):
+            idx = order[r.dp_rank * size : (r.dp_rank + 1) * size]
+            tr.ranks.append(
+                RankRecord(
+                    "balance",
+                    r.rank,
+                    dp_rank=r.dp_rank,
+                    sp_rank=r.sp_rank,
+                    rows=r.rows,
+                    tokens=r.tokens,
+                    extra={"indices": idx},
+                )
+            )
+        for stage in ("reward", "advantage"):
+            tr.stages.append(StageRecord(stage, stage, N, "samples", note="driver"))
+        for stage, per_rank in mem.items():
+            for r in tr.at(stage):
+                r.bytes_measured = per_rank[r.rank]
+                r.extra["peak_rss_bytes"] = per_rank[r.rank]
+        tr.summary.update(
+            metrics=dict(metrics),
+            global_step=self.global_steps,
+            lengths=list(self.lengths or []),
+            order=list(order),
+            sizes=self.sizes.as_dict(),
+        )
+        return tr
+
+    def prediction(self) -> StepTrace:
+        """``plan(cfg, lengths)`` for the last step: the same config, the observed prompt+response lengths in
+        generation order (the planner balances them itself)."""
+        if self.lengths is None:
+            raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
+        return plan(self.cfg, lengths=self.lengths)
+
+    def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
+        """trace.compare(prediction, live trace) on ``stages`` (those present): [] when they agree."""
+        from labkit.trace import compare
+
+        if self.trace is None:
+            raise RuntimeError("call step() first")
+        present = [x for x in stages if self.trace.at(x)]
+        return [str(m) for m in compare(self.prediction(), self.trace, stages=present, fields=fields)]
+
+    def run(self, steps: int) -> list[dict[str, Any]]:
+        """``steps`` GRPO steps; the metrics of each."""
+        return [self.step() for _ in range(steps)]
+
+
+def mean_scores(history: Sequence[dict]) -> list[float]:
+    """critic/score/mean per step of a history (the reward curve)."""
+    return [float(np.round(h["critic/score/mean"], 6)) for h in history]

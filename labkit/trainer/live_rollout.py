@@ -1,0 +1,267 @@
+"""A live rollout next to its prediction: config -> worker group of RolloutWorkers -> generate -> (output, trace).
+
+``LiveRollout`` keeps one group open for several runs (a notebook); ``run_rollout`` is the one-shot form that always
+closes the group. ``predict`` asks the planner (``labkit.plan.step``) for the same config; ``returned`` turns either trace
+into "what reached the driver", so ``labkit.trace.compare`` checks both halves of a dispatch: received and returned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from labkit.config.verl_config import VerlConfig, load_config
+from labkit.plan.step import plan
+from labkit.protocol.data_proto import DataProto
+from labkit.rl import rollout
+from labkit.rules.geometry import ARR, BatchGeometry
+from labkit.runtime.worker_group import WorkerGroup
+from labkit.trace import RankRecord, StageRecord, StepTrace
+
+DEFAULT_OVERRIDES = (
+    "data.train_batch_size=8",
+    f"{ARR}.rollout.n=4",
+    "trainer.n_gpus_per_node=4",
+    f"{ARR}.rollout.tensor_model_parallel_size=1",
+    "data.max_prompt_length=24",
+    "data.max_response_length=32",
+)
+RETURNED = "generate:returned"
+
+
+def rollout_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
+    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens) plus overrides."""
+    if isinstance(cfg, VerlConfig):
+        return cfg
+    return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
+
+
+@dataclass(frozen=True)
+class RolloutSizes:
+    """What the live rollout reads from a config: the batch geometry and verl's sampling keys."""
+
+    geo: BatchGeometry
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat, for a trace summary."""
+        return {**asdict(self.geo), **{k: v for k, v in asdict(self).items() if k != "geo"}}
+
+
+def sizes(cfg: VerlConfig) -> RolloutSizes:
+    """The geometry and sampling settings of the live rollout (``rollout.do_sample``, temperature, top_k, top_p)."""
+    g = cfg.get
+    return RolloutSizes(
+        BatchGeometry.from_config(cfg),
+        bool(g(f"{ARR}.rollout.do_sample")),
+        g(f"{ARR}.rollout.temperature"),
+        g(f"{ARR}.rollout.top_k"),
+        g(f"{ARR}.rollout.top_p"),
+    )
+
+
+def predict(cfg: VerlConfig, batch: DataProto, dispatch: str = "mesh") -> StepTrace:
+    """The planner's trace for ``cfg``, fed with the prompt tokens each repeated row carries (what generate
+    receives: the live trace counts sum(attention_mask) of the rows a rank computes on)."""
+    s = sizes(cfg)
+    if len(batch) != s.geo.prompts:
+        raise ValueError(f"batch has {len(batch)} prompts but the config's train batch size is {s.geo.prompts}")
+    lengths = rollout.repeat_for_rollout(batch, s.geo.rollout_n).batch["attention_mask"].sum(dim=1).tolist()
+    return plan(cfg, lengths=lengths, dispatch=dispatch)
+
+
+def returned(trace: StepTrace, lengths: Sequence[int] | None = None, stage: str = "generate") -> StepTrace:
+    """Per rank, the rows and tokens that reached the driver (0 for a rank whose output is not collected).
+
+    Live trace: from each rank's recorded output. Plan: the rows the planner says come back (nd dispatch: the
+    group's rows from tp_rank 0; all-gather: the rank's own rows), with tokens summed over ``lengths`` (B·n
+    prompt+response lengths, e.g. the live output's attention_mask sums)."""
+    out = StepTrace(profile=trace.profile, source=trace.source)
+    for r in trace.at(stage):
+        x = r.extra
+        if trace.source == "plan":
+            keep = bool(x.get("is_collect")) or "own_row_range" in x
+            lo, hi = x["own_row_range"] if "own_row_range" in x else x["row_range"]
+            rows = x["rows_out"] if keep else 0
+            tokens = (sum(lengths[lo:hi]) if keep else 0) if lengths is not None else None
+        else:
+            keep = bool(x.get("collected"))
+            rows, tokens = (x["out_rows"], x["out_tokens"]) if keep else (0, 0)
+        out.ranks.append(RankRecord(RETURNED, r.rank, dp_rank=r.dp_rank, tp_rank=r.tp_rank, rows=rows, tokens=tokens))
+    out.stages.append(StageRecord(RETURNED, "returned to the driver", sum(r.rows for r in out.ranks)))
+    return out
+
+
+def generate_stage_ok(pred: StepTrace, obs: StepTrace, out: DataProto) -> list[str]:
+    """Every disagreement between prediction and observation, received and returned (empty list: they agree)."""
+    from labkit.trace import compare
+
+    fields = ("rows", "tokens", "dp_rank", "tp_rank")
+    bad = [str(m) for m in compare(pred, obs, stages=["generate"], fields=fields)]
+    full = out.batch["attention_mask"].sum(dim=1).tolist()
+    bad += [str(m) for m in compare(returned(pred, full), returned(obs), stages=[RETURNED], fields=fields)]
+    return bad
+
+
+class LiveRollout:
+    """A worker group of W RolloutWorkers for one config (model loaded and TP-sharded), kept open for several runs."""
+
+    def __init__(
+        self,
+        cfg: VerlConfig | Sequence[str] | None = None,
+        *,
+        launcher: str = "auto",
+        model_path: str | None = None,
+        timeout_s: float = 300.0,
+        collective_timeout_s: float = 60.0,
+    ) -> None:
+        self.cfg = rollout_config(cfg)
+        self.sizes = s = sizes(self.cfg)
+        self.timings: dict[str, float] = {}
+        self._tokenizer: Any = None
+        t0 = time.perf_counter()
+        self.wg = WorkerGroup(
+            rollout.RolloutWorker,
+            s.geo.world_size,
+            launcher=launcher,
+            timeout_s=timeout_s,
+            collective_timeout_s=collective_timeout_s,
+            profile=self.cfg.profile,
+            init_kwargs=dict(
+                tp=s.geo.rollout_tp,
+                rdp=s.geo.rollout_dp,
+                pp=s.geo.rollout_pp,
+                prompt_length=s.geo.prompt_length,
+                response_length=s.geo.response_length,
+                model_path=model_path,
+            ),
+        )
+        self.timings["group_up_s"] = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            self.info = self.wg.init_model()
+            self.timings["init_model_s"] = time.perf_counter() - t0
+        except BaseException:
+            self.wg.close()
+            raise
+        self.wg.reset_trace()
+
+    def __enter__(self) -> LiveRollout:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def tp_groups(self) -> list[list[int]]:
+        """The TP groups the ranks really built (each rank's infer_tp group), in order."""
+        return [list(g) for g in sorted({tuple(i["tp_group"]) for i in self.info})]
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = rollout.load_tokenizer()
+        return self._tokenizer
+
+    def batch(self, seed: int = 0) -> DataProto:
+        """The dataloader batch of B prompts for this config (uid per prompt, left-padded to prompt_length)."""
+        return rollout.make_gen_batch(self.sizes.geo.prompts, seed, self.sizes.geo.prompt_length, self.tokenizer)
+
+    def predict(self, batch: DataProto, dispatch: str = "mesh") -> StepTrace:
+        return predict(self.cfg, batch, dispatch)
+
+    def run(
+        self,
+        batch: DataProto | None = None,
+        *,
+        dispatch: str = "mesh",
+        seed: int = 0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        ignore_eos: bool = False,
+    ) -> tuple[DataProto, StepTrace]:
+        """One rollout: repeat n (interleaved), dispatch, generate, collect; returns (output, the call's live trace)."""
+        s = self.sizes
+        batch = batch if batch is not None else self.batch(seed)
+        self.wg.reset_trace()
+        t0 = time.perf_counter()
+        out = rollout.generate(
+            self.wg,
+            batch,
+            s.geo.rollout_n,
+            dispatch=dispatch,
+            seed=seed,
+            do_sample=s.do_sample if do_sample is None else do_sample,
+            temperature=s.temperature if temperature is None else temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            response_length=s.geo.response_length,
+            ignore_eos=ignore_eos,
+        )
+        elapsed = time.perf_counter() - t0
+        trace = self.wg.reset_trace()
+        trace.stages[:0] = [
+            StageRecord("dataloader", "dataloader batch", len(batch), "prompts"),
+            StageRecord(
+                "repeat",
+                "repeat for generation",
+                len(batch) * s.geo.rollout_n,
+                "samples",
+                formula=f"B·n = {len(batch)}·{s.geo.rollout_n} (interleaved)",
+            ),
+        ]
+        trace.summary.update(
+            sizes=s.as_dict(),
+            dispatch=dispatch,
+            seed=seed,
+            generate_s=elapsed,
+            tp_groups=self.tp_groups,
+            weights=self.info[0]["weights"],
+            **self.timings,
+        )
+        return out, trace
+
+    def close(self) -> dict[str, Any]:
+        """Close the group; reports the rank processes still alive (must be none) and each rank's teardown."""
+        t0, was_open = time.perf_counter(), not self.wg.closed
+        teardown = self.wg.close()
+        if was_open:
+            self.timings["close_s"] = time.perf_counter() - t0
+        return {"left_pids": self.wg.alive_pids(), "teardown": teardown}
+
+
+def run_rollout(
+    cfg: VerlConfig | Sequence[str] | None = None,
+    dispatch: str = "mesh",
+    launcher: str = "auto",
+    seed: int = 0,
+    **run_kwargs: Any,
+) -> tuple[DataProto, StepTrace]:
+    """Start a group for ``cfg``, run one rollout, close the group (always); the trace's summary says what was left."""
+    with LiveRollout(cfg, launcher=launcher) as live:
+        out, trace = live.run(dispatch=dispatch, seed=seed, **run_kwargs)
+        report = live.close()
+    trace.summary.update(cleanup=report, **live.timings)
+    return out, trace
+
+
+def hold_ray(num_cpus: int = 4) -> bool:
+    """Start Ray once for several groups (True when this call started it); no-op where Ray is not installed."""
+    from labkit.runtime.ray_launcher import ray_available, start_ray
+
+    return start_ray(num_cpus) if ray_available() else False
+
+
+def release_ray(owned: bool) -> bool:
+    """Stop Ray if ``hold_ray`` started it; True when no Ray session that labkit started is left up."""
+    from labkit.runtime.ray_launcher import import_ray, stop_ray
+
+    if not owned:
+        return True
+    stop_ray()
+    return not import_ray().is_initialized()

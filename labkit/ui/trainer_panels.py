@@ -1,0 +1,145 @@
+"""Notebook 06's pieces: the config of a live GRPO step from a few knobs, its figures (per-rank token balance of every
+stage, prediction vs observation, peak memory, reward curve) and an ipywidgets panel that runs a step on request.
+
+A widget never starts processes until its button is pressed (live runs only when the user asks).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from labkit.config.verl_config import VerlConfig
+from labkit.trace import StepTrace
+from labkit.trainer.grpo_trainer import trainer_config
+from labkit.ui import figures as viz
+from labkit.ui import lessons
+
+RANK_STAGES = ("generate", "balance", "old_log_prob", "ref_log_prob", "update_actor")
+
+
+def step_config(
+    *,
+    ranks: int = 4,
+    n_prompts: int = 8,
+    n: int = 4,
+    tp: int = 1,
+    sp: int = 1,
+    dynamic: bool = False,
+    budget: int = 64,
+    micro: int = 4,
+    use_kl_loss: bool = False,
+    prompt_length: int = 24,
+    response_length: int = 32,
+    profile: str = "engine",
+) -> VerlConfig:
+    """The trainer's config for the notebook knobs (n, TP, SP, dynamic bsz, token budget), via lessons.overrides."""
+    over = lessons.overrides(
+        ranks=ranks,
+        n_prompts=n_prompts,
+        n=n,
+        prompt_length=prompt_length,
+        response_length=response_length,
+        dynamic=dynamic,
+        budget=budget,
+        micro=micro,
+        sp=sp,
+        tp=tp,
+    )
+    over.append(f"actor_rollout_ref.actor.use_kl_loss={str(use_kl_loss).lower()}")
+    return trainer_config(over, profile=profile)
+
+
+def token_balance(trace: StepTrace, stages: Sequence[str] = RANK_STAGES) -> go.Figure:
+    """Tokens per rank at every rank stage of one step (grouped bars; x = global rank). ``generate`` counts the prompt
+    tokens a rollout rank receives; the later stages count prompt + response tokens (attention_mask sum)."""
+    fig = go.Figure()
+    for stage in stages:
+        recs = trace.at(stage)
+        if recs:
+            fig.add_trace(go.Bar(x=[f"rank {r.rank}" for r in recs], y=[r.tokens for r in recs], name=stage))
+    fig.update_layout(
+        barmode="group",
+        title=f"tokens per rank, every stage ({trace.source})",
+        xaxis_title="global rank",
+        yaxis_title="tokens (generate: prompt; later stages: prompt + response)",
+    )
+    return fig
+
+
+def peak_memory(trace: StepTrace) -> go.Figure:
+    """Peak resident memory (MiB, ru_maxrss) per rank after each rank stage of the live step."""
+    fig = go.Figure()
+    for stage in RANK_STAGES:
+        recs = [r for r in trace.at(stage) if r.bytes_measured]
+        if recs:
+            fig.add_trace(
+                go.Bar(x=[f"rank {r.rank}" for r in recs], y=[r.bytes_measured / 2**20 for r in recs], name=stage)
+            )
+    fig.update_layout(
+        barmode="group",
+        title="peak resident memory per rank (measured, CPU ranks)",
+        xaxis_title="global rank",
+        yaxis_title="peak RSS (MiB)",
+    )
+    return fig
+
+
+def reward_curve(history: Sequence[dict], title: str = "mean rule reward per GRPO step") -> go.Figure:
+    """critic/score/mean per GRPO step."""
+    steps = [int(h["training/global_step"]) for h in history]
+    fig = go.Figure(
+        go.Scatter(x=steps, y=[h["critic/score/mean"] for h in history], mode="lines+markers", name="critic/score/mean")
+    )
+    fig.update_layout(title=title, xaxis_title="GRPO step", yaxis_title="critic/score/mean (fraction correct, 0–1)")
+    return fig
+
+
+def timing_table_html(metrics: dict[str, Any]) -> str:
+    """verl's timing_s/* of one step as an HTML table."""
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{v:.3f}</td></tr>"
+        for k, v in metrics.items()
+        if k.startswith("timing_s/")
+    )
+    return f"<table><tr><th>metric</th><th>seconds</th></tr>{rows}</table>"
+
+
+def live_step_panel(launcher: str = "auto", lr: float = 1e-3) -> Any:
+    """Sliders for n, TP, SP, dynamic bsz and budget; the button starts a group, runs one step, shows the figures and
+    prediction-vs-observation, and closes the group."""
+    import ipywidgets as W
+    from IPython.display import display
+
+    from labkit.trainer.grpo_trainer import GRPOTrainer
+
+    knobs = {
+        "n": W.IntSlider(value=4, min=1, max=8, description="rollout.n"),
+        "tp": W.Dropdown(options=[1, 2, 4], value=1, description="rollout TP"),
+        "sp": W.Dropdown(options=[1, 2, 4], value=1, description="Ulysses SP"),
+        "dynamic": W.Checkbox(value=False, description="use_dynamic_bsz"),
+        "budget": W.IntSlider(value=64, min=32, max=512, step=8, description="token budget"),
+    }
+    button, out = W.Button(description="run one live GRPO step"), W.Output()
+
+    def run(_: Any) -> None:
+        with out:
+            out.clear_output()
+            try:
+                cfg = step_config(**{k: w.value for k, w in knobs.items()})
+                with GRPOTrainer(cfg, launcher=launcher, lr=lr) as tr:
+                    metrics = tr.step()
+                    pred = tr.prediction()
+                    print("prediction == observation:", tr.mismatches() == [] or tr.mismatches())
+                display(W.HTML(timing_table_html(metrics)))
+                token_balance(tr.trace).show()
+                for stage in ("balance", "old_log_prob", "update_actor"):
+                    viz.compare_bars(pred, tr.trace, stage, "tokens").show()
+            except Exception as exc:  # noqa: BLE001 - show verl's error text in the panel
+                print(f"{type(exc).__name__}: {exc}")
+
+    button.on_click(run)
+    return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:] + [button]), out])

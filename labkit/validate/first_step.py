@@ -1,0 +1,527 @@
+"""The batch-size checks of verl's first training step, per profile, in ``RayPPOTrainer.fit`` order.
+
+Mirrors the agent-loop split (``AgentLoopManager.generate_sequences``), ``RayPPOTrainer._balance_batch``, the
+DP dispatch of every worker call, static/dynamic micro-batching (legacy ``dp_actor``/``dp_critic``; engine
+``TrainingWorker.train_mini_batch`` + ``prepare_micro_batches``) and the legacy silent behaviours (ragged
+mini-batches and their loss weights). Both profiles follow the ``RayPPOTrainer``
+(v0) loop; verl 0.9.1's default ``trainer.use_v1=true`` trainer instead pads the batch to
+a multiple of lcm(D, M x n, critic M x n) in its ``_balance_batch`` (``trainer/ppo/v1/trainer_base.py``), so
+E38/E27/E29 need not arise there; E28 still does (it tests M x n against D, which padding cannot change).
+"""
+
+from __future__ import annotations
+
+import math
+
+from labkit.rules.catalogue import message
+from labkit.validate.startup import AE, ERROR, NOTICE, SILENT, STEP1, VE, Run, Snap, mod
+
+FIT = "verl/trainer/ppo/ray_trainer.py: RayPPOTrainer"
+SEQ = "verl/utils/seqlen_balancing.py"
+DISPATCH = "verl/single_controller/base/decorator.py: make_nd_compute_dataproto_dispatch_fn"
+
+
+def _split(rows: int, size: int) -> list[int]:
+    """Sizes DataProto.split(size) produces: full pieces then a shorter last one."""
+    return [min(size, rows - i) for i in range(0, rows, size)] if size > 0 else []
+
+
+def _sizes(pieces: list[int]) -> str:
+    """Compact '15 x 8' / '2 x 50 + 1 x 20' description of piece sizes."""
+    out: list[str] = []
+    for v in dict.fromkeys(pieces):
+        out.append(f"{pieces.count(v)} x {v}")
+    return " + ".join(out)
+
+
+def _dispatch(run: Run, s: Snap, k: int, stage: str, role: str) -> bool:
+    """The nd-dispatch chunk of one worker call: DataProto.chunk (legacy, E26) / chunk_tensordict (engine, E27)."""
+    if s.legacy:
+        return run.add(
+            s.samples % k != 0,
+            "E26",
+            AE,
+            message("E26", size=s.samples, chunks=k),
+            STEP1,
+            f"{DISPATCH} -> verl/protocol.py: DataProto.chunk ({stage})",
+            [mod(s.samples, k)],
+            f"{stage}: the B x n rows are cut into {k} equal DP chunks without padding.",
+            role=role,
+        )
+    return run.add(
+        s.samples % k != 0,
+        "E27",
+        AE,
+        message("E27", size=s.samples, chunks=k),
+        STEP1,
+        f"{DISPATCH} -> verl/utils/tensordict_utils.py: chunk_tensordict ({stage})",
+        [mod(s.samples, k)],
+        f"{stage}: the B x n rows are cut into {k} equal DP chunks without padding.",
+        role=role,
+    )
+
+
+def _budget(run: Run, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
+    """E31: the dynamic token budget (x sp) against the padded width (legacy) or the longest row (engine)."""
+    budget = tok * sp
+    where = f"{SEQ}: rearrange_micro_batches ({stage})"
+    arith = [f"max_token_len = {key} x sp = {tok} x {sp} = {budget}"]
+    if s.legacy:
+        arith.append(
+            f"padded width = prompt_length + response_length = {s.prompt_length} + {s.response_length} = {s.width}"
+        )
+        run.add(
+            budget < s.width,
+            "E31",
+            AE,
+            message("E31", budget=budget, longest=s.width),
+            STEP1,
+            where,
+            arith,
+            "Legacy micro-batching sees padded rows, so the budget must cover the full padded width.",
+            role=role,
+        )
+        return
+    longest, sev = (s.max_seq_len, ERROR) if s.max_seq_len is not None else (s.width, NOTICE)
+    arith.append(
+        f"longest row = {longest}"
+        if s.max_seq_len is not None
+        else f"longest possible row = {s.prompt_length} + {s.response_length} = {s.width}"
+    )
+    expl = (
+        "The budget must hold the longest row (prompt + response tokens)."
+        if s.max_seq_len is not None
+        else f"Fires only if some row is longer than {budget} tokens (the longest possible row has {s.width})."
+    )
+    run.add(
+        budget < longest,
+        "E31",
+        AE,
+        message("E31", budget=budget, longest=f"tensor({longest})"),
+        STEP1,
+        where,
+        arith,
+        expl,
+        sev,
+        role=role,
+    )
+
+
+def _static_infer(run: Run, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
+    """Static forward-only micro-batching: legacy DataProto.split (ragged allowed), engine E30."""
+    if s.legacy:
+        where = f"verl/workers/actor/dp_actor.py: DataParallelPPOActor.compute_log_prob ({stage})"
+        if run.add(
+            micro is None,
+            "X3",
+            "TypeError",
+            "'NoneType' object cannot be interpreted as an integer",
+            STEP1,
+            where,
+            [f"{key} = None"],
+            "No micro-batch size reaches the worker (its use_dynamic_bsz is off).",
+            role=role,
+        ):
+            return
+        if run.add(
+            micro == 0,
+            "X2",
+            VE,
+            "range() arg 3 must not be zero",
+            STEP1,
+            where,
+            [f"{key} = 0"],
+            "The deprecated global size floor-divided to 0 per GPU, and DataProto.split(0) fails.",
+            role=role,
+        ):
+            return
+        pieces = _split(rows, micro)
+        run.add(
+            rows % micro != 0,
+            "S3",
+            None,
+            f"{stage}: {rows} rows per rank split into micro-batches {_sizes(pieces)} (last one ragged)",
+            STEP1,
+            where,
+            [
+                f"{stage}: {rows} rows / {micro} per micro-batch = {len(pieces)} micro-batches of {micro}"
+                if rows % micro == 0
+                else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {_sizes(pieces)}"
+            ],
+            "DataProto.split allows a short last micro-batch; harmless for log-probs.",
+            SILENT,
+            role=role,
+        )
+        return
+    where = f"verl/workers/engine/utils.py: prepare_micro_batches ({stage})"
+    if run.add(
+        micro is None,
+        "X3",
+        "TypeError",
+        "unsupported operand type(s) for *: 'int' and 'NoneType'",
+        STEP1,
+        where,
+        [f"{key} = None"],
+        "No per-GPU micro-batch size reaches the engine (its use_dynamic_bsz is off).",
+        role=role,
+    ):
+        return
+    run.add(
+        rows % micro != 0,
+        "E30",
+        AE,
+        message("E30"),
+        STEP1,
+        where,
+        [f"rows per rank = {rows}", mod(rows, micro)]
+        + (
+            [f"{stage}: {rows} rows / {micro} per micro-batch = {rows // micro} micro-batches of {micro}"]
+            if rows % micro == 0
+            else []
+        ),
+        "Engine static micro-batching needs rows per rank divisible by the micro size.",
+        role=role,
+    )
+
+
+def _legacy_update(run: Run, s: Snap, rows: int, Mp: int, micro: int | None, budget: tuple | None, role: str) -> None:
+    """Legacy update_policy/update_critic: data.split(M') mini-batches, then split(m) or token budget."""
+    where = (
+        "verl/workers/actor/dp_actor.py: DataParallelPPOActor.update_policy"
+        if role == "actor"
+        else "verl/workers/critic/dp_critic.py: DataParallelPPOCritic.update_critic"
+    )
+    if run.add(
+        Mp == 0,
+        "X2",
+        VE,
+        "range() arg 3 must not be zero",
+        STEP1,
+        where,
+        [f"M' = {Mp}"],
+        "The normalised mini-batch is 0 and DataProto.split(0) fails.",
+        role=role,
+    ):
+        return
+    if budget is not None:
+        _budget(run, s, *budget, role)
+    minis = _split(rows, Mp)
+    run.add(
+        rows % Mp != 0,
+        "S1",
+        None,
+        f"{role} update: {rows} rows per rank split into mini-batches {_sizes(minis)} (last one ragged)",
+        STEP1,
+        where,
+        [f"mini-batches per epoch = ceil({rows} / {Mp}) = {len(minis)}", mod(rows, Mp)],
+        "Legacy verl floors M' and never checks (B x n / D) % M'; the last optimizer step sees fewer rows.",
+        SILENT,
+        role=role,
+    )
+    if budget is not None or not micro:
+        if budget is not None and rows % Mp:
+            run.add(
+                True,
+                "S2",
+                None,
+                f"last mini-batch of {minis[-1]} rows is weighted {minis[-1]}/{Mp} of a full one",
+                STEP1,
+                where,
+                [f"loss scale = rows / M' = {minis[-1]} / {Mp}"],
+                "Dynamic micro-batches scale each loss by rows/M', so the short mini-batch is under-weighted.",
+                SILENT,
+                role=role,
+            )
+        return
+    GA = Mp // micro
+    last = _split(minis[-1], micro)
+    run.add(
+        rows % Mp != 0,
+        "S2",
+        None,
+        f"last mini-batch: {len(last)} micro-batches ({_sizes(last)}) each scaled 1/GA = 1/{GA}",
+        STEP1,
+        where,
+        [f"GA = {Mp} // {micro} = {GA}", f"last mini-batch weight = {len(last)}/{GA} of a full one"]
+        if rows % Mp
+        else [f"GA = {Mp} // {micro} = {GA}"],
+        "Static micro-batches always scale by 1/GA, so a short mini-batch contributes a smaller gradient.",
+        SILENT,
+        role=role,
+    )
+
+
+def _engine_update(run: Run, s: Snap, M: int, D: int, micro: int | None, dyn: bool, role: str) -> int | None:
+    """Engine TrainingWorker.train_mini_batch: E28, E29, then static E30 per mini-batch; returns the mini size."""
+    Mn, rows = M * s.rollout_n, s.samples // D
+    where = "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch"
+    if run.add(
+        Mn % D != 0,
+        "E28",
+        AE,
+        message("E28", mini_batch_size=Mn, dp_size=D),
+        STEP1,
+        where,
+        [f"mini_batch_size = {M} x {s.rollout_n} = {Mn}", mod(Mn, D)],
+        "The engine requires the global mini-batch M x n to split evenly over the DP ranks.",
+        role=role,
+    ):
+        return None
+    mini = Mn // D
+    if run.add(
+        rows % mini != 0,
+        "E29",
+        AE,
+        message("E29", rows=rows, mini=mini),
+        STEP1,
+        "verl/utils/tensordict_utils.py: make_iterator",
+        [f"mini per rank = {Mn} / {D} = {mini}", mod(rows, mini)],
+        "Each rank's rows must be a whole number of mini-batches.",
+        role=role,
+    ):
+        return None
+    if not dyn and micro is not None:
+        run.add(
+            mini % micro != 0,
+            "E30",
+            AE,
+            message("E30"),
+            STEP1,
+            f"verl/workers/engine/utils.py: prepare_micro_batches ({role} update)",
+            [f"mini per rank = {mini}", mod(mini, micro)]
+            + ([f"GA = {mini} // {micro} = {mini // micro}"] if mini % micro == 0 else []),
+            "Engine static micro-batching needs the per-rank mini-batch divisible by the micro size.",
+            role=role,
+        )
+    return mini
+
+
+def _v1_padding(run: Run, s: Snap, D: int) -> None:
+    """0.9.1's default v1 loop pads the batch before balancing (trainer/ppo/v1/trainer_base.py:
+    PPOTrainer._get_required_batch_multiple, padding_utils.upsample_batch_to_divisible_size); labkit models v0."""
+    X, terms = s.train_batch_size * s.rollout_n, [f"D = {D}"]
+    L = D
+    if s.need_critic:
+        L = math.lcm(L, s.critic_ppo_mini_batch_size * s.rollout_n)
+        terms.append(f"critic M x n = {s.critic_ppo_mini_batch_size} x {s.rollout_n}")
+    if s.critic_warmup <= 1:  # the actor updates from global step 1 on
+        L = math.lcm(L, s.ppo_mini_batch_size * s.rollout_n)
+        terms.append(f"M x n = {s.ppo_mini_batch_size} x {s.rollout_n}")
+    pad = -X % L
+    what = []
+    if pad:
+        what.append(
+            f"its _balance_batch first appends {pad} synthetic 128-token samples (zero loss) so the batch "
+            f"divides by {L}: E38, E27 and E29 cannot fire there and the rows per rank differ from this plan"
+        )
+    if not s.balance_batch:
+        what.append("it balances the batch even with trainer.balance_batch=false (verl issue #7758)")
+    run.add(
+        bool(what),
+        "V1",
+        None,
+        "",
+        STEP1,
+        "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._balance_batch",
+        [
+            f"B x n = {s.train_batch_size} x {s.rollout_n} = {X}",
+            f"lcm({', '.join(terms)}) = {L}",
+            f"pad = {pad} synthetic samples",
+            f"rows per DP rank under v1 = ({X} + {pad}) / {D} = {(X + pad) // D}",
+        ],
+        "labkit's engine profile follows 0.9.1's v0 loop (RayPPOTrainer, trainer.use_v1=false). verl 0.9.1 runs "
+        "trainer.use_v1=true by default, a loop labkit does not model. Among other differences, "
+        + "; and ".join(what)
+        + ". Set trainer.use_v1=false to run what labkit shows.",
+        NOTICE,
+        role="trainer",
+    )
+
+
+def step_checks(run: Run, s: Snap, micro: dict) -> None:
+    """Step 1 of RayPPOTrainer.fit: generate, balance, old/ref log-prob, values, critic and actor updates.
+
+    ``micro`` holds the legacy worker's normalised sizes (``Mp``, ``Mcp``, per-role micro sizes); empty for engine.
+    """
+    Mp, Mcp = micro.get("Mp"), micro.get("Mcp")
+    N, W = s.samples, s.world_size
+    run.add(
+        N % s.agent_workers != 0,
+        "E26",
+        AE,
+        message("E26", size=N, chunks=s.agent_workers),
+        STEP1,
+        "verl/experimental/agent_loop/agent_loop.py: AgentLoopManager.generate_sequences",
+        [
+            f"B x n = {s.prompts} x {s.rollout_n} = {N}",
+            f"agent.num_workers = {s.agent_workers}",
+            mod(N, s.agent_workers),
+        ],
+        "The B x n generation requests are chunked equally over the agent-loop workers.",
+        role="rollout",
+    )
+    if W % s.ulysses_sp:
+        return  # the Ulysses mesh already failed at worker init (X4)
+    D = W // s.ulysses_sp
+    if not s.legacy and s.use_v1:
+        _v1_padding(run, s, D)
+    if s.balance_batch:
+        where = f"{FIT}._balance_batch -> {SEQ}"
+        run.add(
+            N < D,
+            "E36",
+            AE,
+            f"number of items:[{N}] < k_partitions:[{D}]",
+            STEP1,
+            f"{where}: get_seqlen_balanced_partitions",
+            [f"{N} < {D}" if N < D else f"{N} >= {D}"],
+            "Fewer rows than DP ranks to balance over.",
+            role="trainer",
+        )
+        run.add(
+            N >= D and N % D != 0,
+            "E38",
+            AE,
+            f"{N} % {D} != 0",
+            STEP1,
+            f"{where}: karmarkar_karp",
+            [f"D = W // sp = {W} // {s.ulysses_sp} = {D}", mod(N, D)],
+            "_balance_batch partitions B x n rows into D equal-size groups.",
+            role="trainer",
+        )
+    rows = N // D
+    if _dispatch(run, s, D, "compute_log_prob", "actor"):
+        return  # every later actor-mesh call would fail the same way
+    if s.legacy and s.log_prob_use_dynamic_bsz or not s.legacy and s.use_dynamic_bsz:
+        _budget(
+            run,
+            s,
+            "log_prob_max_token_len_per_gpu",
+            s.log_prob_max_token_len_per_gpu,
+            s.ulysses_sp,
+            "old_log_prob",
+            "rollout",
+        )
+    else:
+        _static_infer(
+            run,
+            s,
+            rows,
+            micro.get("rollout", s.log_prob_micro_batch_size_per_gpu),
+            "log_prob_micro_batch_size_per_gpu",
+            "old_log_prob",
+            "rollout",
+        )
+    if s.need_ref and (s.legacy or W % s.ref_ulysses_sp == 0):
+        Dr = D if s.legacy else W // s.ref_ulysses_sp
+        if s.legacy or not _dispatch(run, s, Dr, "compute_ref_log_prob", "ref"):
+            if s.ref_log_prob_use_dynamic_bsz:
+                _budget(
+                    run,
+                    s,
+                    "ref.log_prob_max_token_len_per_gpu",
+                    s.ref_log_prob_max_token_len_per_gpu,
+                    s.ref_ulysses_sp,
+                    "ref_log_prob",
+                    "ref",
+                )
+            else:
+                _static_infer(
+                    run,
+                    s,
+                    N // Dr,
+                    micro.get("ref", s.ref_log_prob_micro_batch_size_per_gpu),
+                    "ref.log_prob_micro_batch_size_per_gpu",
+                    "ref_log_prob",
+                    "ref",
+                )
+    if s.need_critic and (W % s.critic_ulysses_sp == 0 or not s.legacy):
+        _critic_step(run, s, Mcp, micro)
+    if s.critic_warmup > 1:
+        run.add(
+            True,
+            "N4",
+            None,
+            f"trainer.critic_warmup = {s.critic_warmup}: the actor is not updated at step 1",
+            STEP1,
+            f"{FIT}.fit",
+            [f"critic_warmup {s.critic_warmup} > global_steps 1"],
+            "Actor-update checks run only once global_steps reaches critic_warmup.",
+            NOTICE,
+            role="actor",
+        )
+    elif s.legacy:
+        if Mp is not None:
+            budget = (
+                ("ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, s.ulysses_sp, "update_actor")
+                if s.use_dynamic_bsz
+                else None
+            )
+            _legacy_update(run, s, rows, Mp, micro.get("actor"), budget, "actor")
+    elif (
+        _engine_update(run, s, s.ppo_mini_batch_size, D, s.ppo_micro_batch_size_per_gpu, s.use_dynamic_bsz, "actor")
+        is not None
+        and s.use_dynamic_bsz
+    ):
+        _budget(run, s, "ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, s.ulysses_sp, "update_actor", "actor")
+
+
+def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
+    """compute_values then update_critic (legacy CriticWorker/dp_critic; engine TrainingWorker for the critic)."""
+    if s.legacy:
+        Dc = s.world_size // s.critic_ulysses_sp
+        if _dispatch(run, s, Dc, "compute_values", "critic"):
+            return
+        if s.critic_use_dynamic_bsz:
+            _budget(
+                run,
+                s,
+                "critic.forward_max_token_len_per_gpu",
+                s.critic_forward_max_token_len_per_gpu,
+                s.critic_ulysses_sp,
+                "compute_values",
+                "critic",
+            )
+        else:
+            _static_infer(
+                run,
+                s,
+                s.samples // Dc,
+                micro.get("critic_fwd", s.critic_forward_micro_batch_size_per_gpu),
+                "critic.forward_micro_batch_size_per_gpu",
+                "compute_values",
+                "critic",
+            )
+        if Mcp is not None:
+            budget = (
+                (
+                    "critic.ppo_max_token_len_per_gpu",
+                    s.critic_ppo_max_token_len_per_gpu,
+                    s.critic_ulysses_sp,
+                    "update_critic",
+                )
+                if s.critic_use_dynamic_bsz
+                else None
+            )
+            _legacy_update(run, s, s.samples // Dc, Mcp, micro.get("critic"), budget, "critic")
+        return
+    run.add(
+        s.critic_ulysses_sp > 1 or not s.critic_use_dynamic_bsz,
+        "N3",
+        None,
+        "engine critic: micro-batching is dynamic "
+        "(EngineConfig.use_dynamic_bsz defaults to True) on critic.fsdp's own Ulysses size (1); "
+        "critic.use_dynamic_bsz, critic.*micro_batch_size* and critic.ulysses_sequence_parallel_size are not "
+        "passed to it",
+        STEP1,
+        f"{FIT}.init_workers -> verl/workers/config/critic.py: FSDPCriticConfig",
+        [
+            f"critic.use_dynamic_bsz = {s.critic_use_dynamic_bsz}",
+            f"critic.ulysses_sequence_parallel_size = {s.critic_ulysses_sp}",
+        ],
+        "verl 0.9.1 builds the critic's engine from critic.fsdp and only copies the token budgets into it.",
+        NOTICE,
+        role="critic",
+    )
+    if not _dispatch(run, s, s.world_size, "compute_values", "critic"):
+        _engine_update(run, s, s.critic_ppo_mini_batch_size, s.world_size, None, True, "critic")

@@ -1,0 +1,424 @@
+"""verl's start-up and worker-init batch-size checks, as rules over a snapshot of a config.
+
+Mirrors ``verl/utils/config.py: validate_config`` (with the ``ActorConfig``/``CriticConfig`` dataclass checks it
+triggers), the legacy worker normalisation of ``verl/workers/fsdp_workers.py`` (0.7.1/0.8) and the engine
+worker asserts of ``verl/workers/engine_workers.py`` (0.9.1). Every check is recorded in execution order,
+passed or not, with verl's exact message, so a report can show the arithmetic either way.
+
+Codes are those of docs/errors.md: E1-E45 for verl's own errors; labkit adds B1-B3 (engine bare asserts), X1-X4 (Python/torch errors
+verl's code runs into: ZeroDivisionError, split(0), a None micro size, a Ulysses mesh that does not cover W),
+S1-S4 (silent behaviours), N1-N5 (printed notices, conditional failures) and "GA" (info). Worker-init rules
+live in ``validate_workers``, step-1 rules in ``validate_step``. Not modelled: Megatron (E2) and the 0.8-only
+reward-model micro keys (E5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.config.keys import KEYS
+from labkit.config.verl_config import VerlConfig
+from labkit.rules.geometry import BatchGeometry
+
+ERROR, SILENT, NOTICE, PASS = "error", "silent", "notice", "pass"
+AE, VE = "AssertionError", "ValueError"
+STARTUP, INIT, STEP1 = "start-up", "worker init", "step 1"
+
+A, R, RF, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
+CFG_PY, ACTOR_PY, CRITIC_PY = "verl/utils/config.py", "verl/workers/config/actor.py", "verl/workers/config/critic.py"
+LEGACY_W, ENGINE_W = "verl/workers/fsdp_workers.py", "verl/workers/engine_workers.py"
+LOSS_AGG = {
+    "legacy": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "engine": ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+}
+
+
+@dataclass
+class Finding:
+    """One check verl performs: what it raises (or silently does), when, where, and the arithmetic."""
+
+    code: str
+    exc_type: str | None
+    message: str
+    when: str
+    where: str
+    arithmetic: list[str] = field(default_factory=list)
+    explanation: str = ""
+    fixes: list[str] = field(default_factory=list)
+    severity: str = ERROR
+    _role: str = field(default="", repr=False, compare=False)
+
+
+_SNAP_KEYS = {
+    "train_batch_size": "data.train_batch_size",
+    "gen_batch_size": "data.gen_batch_size",
+    "val_batch_size": "data.val_batch_size",
+    "n_gpus_per_node": "trainer.n_gpus_per_node",
+    "nnodes": "trainer.nnodes",
+    "balance_batch": "trainer.balance_batch",
+    "critic_warmup": "trainer.critic_warmup",
+    "use_legacy_worker_impl": "trainer.use_legacy_worker_impl",
+    "use_v1": "trainer.use_v1",
+    "ppo_mini_batch_size": f"{A}.ppo_mini_batch_size",
+    "ppo_micro_batch_size": f"{A}.ppo_micro_batch_size",
+    "ppo_micro_batch_size_per_gpu": f"{A}.ppo_micro_batch_size_per_gpu",
+    "use_dynamic_bsz": f"{A}.use_dynamic_bsz",
+    "ppo_max_token_len_per_gpu": f"{A}.ppo_max_token_len_per_gpu",
+    "ulysses_sp": f"{A}.ulysses_sequence_parallel_size",
+    "loss_agg_mode": f"{A}.loss_agg_mode",
+    "use_remove_padding": "actor_rollout_ref.model.use_remove_padding",
+    "lora_rank": "actor_rollout_ref.model.lora_rank",
+    "use_kl_loss": f"{A}.use_kl_loss",
+    "use_kl_in_reward": "algorithm.use_kl_in_reward",
+    "rollout_n": f"{R}.n",
+    "rollout_mode": f"{R}.mode",
+    "temperature": f"{R}.temperature",
+    "val_do_sample": f"{R}.val_kwargs.do_sample",
+    "rollout_tp": f"{R}.tensor_model_parallel_size",
+    "rollout_dp": f"{R}.data_parallel_size",
+    "rollout_pp": f"{R}.pipeline_model_parallel_size",
+    "log_prob_micro_batch_size": f"{R}.log_prob_micro_batch_size",
+    "log_prob_micro_batch_size_per_gpu": f"{R}.log_prob_micro_batch_size_per_gpu",
+    "log_prob_use_dynamic_bsz": f"{R}.log_prob_use_dynamic_bsz",
+    "log_prob_max_token_len_per_gpu": f"{R}.log_prob_max_token_len_per_gpu",
+    "agent_workers": f"{R}.agent.num_workers",
+    "prompt_length": f"{R}.prompt_length",
+    "response_length": f"{R}.response_length",
+    "ref_log_prob_micro_batch_size": f"{RF}.log_prob_micro_batch_size",
+    "ref_log_prob_micro_batch_size_per_gpu": f"{RF}.log_prob_micro_batch_size_per_gpu",
+    "ref_log_prob_use_dynamic_bsz": f"{RF}.log_prob_use_dynamic_bsz",
+    "ref_log_prob_max_token_len_per_gpu": f"{RF}.log_prob_max_token_len_per_gpu",
+    "ref_ulysses_sp": f"{RF}.ulysses_sequence_parallel_size",
+    "critic_ppo_mini_batch_size": f"{C}.ppo_mini_batch_size",
+    "critic_ppo_micro_batch_size": f"{C}.ppo_micro_batch_size",
+    "critic_ppo_micro_batch_size_per_gpu": f"{C}.ppo_micro_batch_size_per_gpu",
+    "critic_forward_micro_batch_size": f"{C}.forward_micro_batch_size",
+    "critic_forward_micro_batch_size_per_gpu": f"{C}.forward_micro_batch_size_per_gpu",
+    "critic_use_dynamic_bsz": f"{C}.use_dynamic_bsz",
+    "critic_ppo_max_token_len_per_gpu": f"{C}.ppo_max_token_len_per_gpu",
+    "critic_forward_max_token_len_per_gpu": f"{C}.forward_max_token_len_per_gpu",
+    "critic_ulysses_sp": f"{C}.ulysses_sequence_parallel_size",
+    "critic_use_remove_padding": f"{C}.model.use_remove_padding",
+}
+
+
+def _chain(path: str) -> list[str]:
+    out = [path]
+    while KEYS[out[-1]].follows is not None:
+        out.append(KEYS[out[-1]].follows)
+    return out
+
+
+_CHAINS = {path: _chain(path) for path in _SNAP_KEYS.values()}
+
+
+class Snap:
+    """The effective values every check reads (one ``cfg.get`` each, named after their keys in ``_SNAP_KEYS``),
+    plus the batch geometry (``geo``) and its sizes the checks use most: world_size, prompts, samples, width."""
+
+    def __init__(
+        self, cfg: VerlConfig, heads: int | None = None, kv_heads: int | None = None, max_seq_len: int | None = None
+    ) -> None:
+        values = cfg.values
+        for name, path in _SNAP_KEYS.items():
+            for p in _CHAINS[path]:  # the key, then the keys it follows (OmegaConf interpolations)
+                if p in values:
+                    v = values[p]
+                    v = cfg.get(p) if isinstance(v, str) and v.startswith("${") else v
+                    break
+            else:
+                v = KEYS[_CHAINS[path][-1]].default_for(cfg.profile)
+            setattr(self, name, v)
+        self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
+        self.geo = geo = BatchGeometry.from_config(cfg)
+        self.world_size, self.prompts, self.samples, self.width = geo.world_size, geo.prompts, geo.samples, geo.width
+        self.need_ref = bool(self.use_kl_in_reward or self.use_kl_loss)
+        self.need_critic = cfg.need_critic
+        self.legacy = self.profile == "legacy"
+
+
+class Run:
+    """Collects checks in execution order; ``add`` records one (``fired`` False -> a "pass" record)."""
+
+    def __init__(self, passes: bool = True) -> None:
+        self.checks: list[Finding] = []
+        self.passes = passes  # False: keep only checks that fire (the fix search needs no more)
+
+    def add(
+        self,
+        fired: bool,
+        code: str,
+        exc: str | None,
+        msg: str,
+        when: str,
+        where: str,
+        arith: list[str],
+        expl: str,
+        sev: str = ERROR,
+        role: str = "",
+    ) -> bool:
+        if fired or self.passes:
+            self.checks.append(
+                Finding(
+                    code, exc, msg if fired else "", when, where, list(arith), expl, [], sev if fired else PASS, role
+                )
+            )
+        return fired
+
+
+def mod(a: int, b: int) -> str:
+    """'a % b = 0' when divisible, else 'a % b != 0' (the form the reports use)."""
+    return f"{a} % {b} = 0" if b and a % b == 0 else f"{a} % {b} != 0"
+
+
+def mutual(
+    run: Run, name: str, dep: int | None, per_gpu: int | None, where: str, kind: str, role: str, when: str = STARTUP
+) -> None:
+    """validate_config.check_mutually_exclusive / *Config._check_mutually_exclusive: E3/E4, E6/E7, E13/E14."""
+    sec = {"lp": name, "actor": "actor", "critic": "critic"}[kind]
+    param = {"lp": "log_prob_micro_batch_size", "actor": "ppo_micro_batch_size", "critic": "micro_batch_size"}[kind]
+    codes = {"lp": ("E3", "E4"), "actor": ("E7", "E6"), "critic": ("E13", "E14")}[kind]
+    arith = [f"{sec}.{param} = {dep}", f"{sec}.{param}_per_gpu = {per_gpu}"]
+    tail = " if use_dynamic_bsz is not enabled." if kind == "actor" else "."
+    run.add(
+        dep is None and per_gpu is None,
+        codes[0],
+        AE if kind == "actor" else VE,
+        f"[{sec}] Please set at least one of '{sec}.{param}' or '{sec}.{param}_per_gpu'{tail}",
+        when,
+        where,
+        arith,
+        f"Static micro-batching needs a micro-batch size for {name}; neither key is set.",
+        role=role,
+    )
+    run.add(
+        dep is not None and per_gpu is not None,
+        codes[1],
+        VE,
+        f"[{sec}] You have set both '{sec}.{param}' AND '{sec}.{param}_per_gpu'. Please remove '{sec}.{param}' "
+        f"because only '*_{param}_per_gpu' is supported (the former is deprecated).",
+        when,
+        where,
+        arith,
+        "The deprecated global key and its per-GPU replacement are mutually exclusive."
+        + (
+            " critic.ppo_micro_batch_size_per_gpu interpolates from critic.ppo_micro_batch_size, so setting only"
+            " the deprecated key also trips this."
+            if kind == "critic"
+            else ""
+        ),
+        role=role,
+    )
+
+
+def startup_checks(run: Run, s: Snap) -> None:
+    """Mirrors verl/utils/config.py: validate_config, in the order its code runs."""
+    W, B, M, n, sp = s.world_size, s.train_batch_size, s.ppo_mini_batch_size, s.rollout_n, s.ulysses_sp
+    if not s.use_dynamic_bsz:
+        run.add(
+            s.train_batch_size * n % W != 0,
+            "E1",
+            AE,
+            f"real_train_batch_size ({B * n}) must be divisible by minimal possible batch size ({W})",
+            STARTUP,
+            f"{CFG_PY}: validate_config",
+            [
+                f"real_train_batch_size = B x n = {B} x {n} = {B * n}",
+                f"W = {s.n_gpus_per_node} x {s.nnodes} = {W}",
+                mod(B * n, W),
+            ],
+            "Without dynamic batch size, the rollout batch B x n must split evenly over all W GPUs.",
+            role="trainer",
+        )
+    post, val = f"{ACTOR_PY}: ActorConfig.__post_init__", f"{ACTOR_PY}: ActorConfig.validate"
+    if not s.use_dynamic_bsz:
+        mutual(run, "actor", s.ppo_micro_batch_size, s.ppo_micro_batch_size_per_gpu, post, "actor", "actor")
+    run.add(
+        s.loss_agg_mode not in LOSS_AGG[s.profile],
+        "E8",
+        VE,
+        f"Invalid loss_agg_mode: {s.loss_agg_mode}",
+        STARTUP,
+        post,
+        [f"allowed: {', '.join(LOSS_AGG[s.profile])}"],
+        "actor.loss_agg_mode is not one verl accepts.",
+        role="actor",
+    )
+    if not s.use_dynamic_bsz:
+        run.add(
+            B < M,
+            "E9",
+            VE,
+            f"train_batch_size ({B}) must be >= actor.ppo_mini_batch_size ({M})",
+            STARTUP,
+            val,
+            [f"{B} {'<' if B < M else '>='} {M}"],
+            "A mini-batch cannot hold more prompts than the training batch.",
+            role="actor",
+        )
+        if s.ppo_micro_batch_size is not None:
+            run.add(
+                M % s.ppo_micro_batch_size != 0,
+                "E10",
+                VE,
+                f"ppo_mini_batch_size ({M}) must be divisible by ppo_micro_batch_size ({s.ppo_micro_batch_size})",
+                STARTUP,
+                val,
+                [mod(M, s.ppo_micro_batch_size)],
+                "The deprecated global micro size must divide the mini-batch.",
+                role="actor",
+            )
+            run.add(
+                s.ppo_micro_batch_size * sp < W,
+                "E11",
+                VE,
+                f"ppo_micro_batch_size ({s.ppo_micro_batch_size}) * ulysses_sequence_parallel_size ({sp}) "
+                f"must be >= n_gpus ({W})",
+                STARTUP,
+                val,
+                [
+                    f"{s.ppo_micro_batch_size} x {sp} = {s.ppo_micro_batch_size * sp} {'<' if s.ppo_micro_batch_size * sp < W else '>='} {W}"
+                ],
+                "The deprecated global micro size is divided over the DP ranks and must leave at least 1 row each.",
+                role="actor",
+            )
+    run.add(
+        sp > 1 and not s.use_remove_padding,
+        "E12",
+        VE,
+        "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.",
+        STARTUP,
+        f"{ACTOR_PY}: FSDPActorConfig.validate",
+        [f"ulysses_sequence_parallel_size = {sp}", f"model.use_remove_padding = {s.use_remove_padding}"],
+        "Ulysses sequence parallelism slices packed sequences, so padding removal must be on.",
+        role="actor",
+    )
+    if not s.use_dynamic_bsz:
+        if s.need_ref:
+            mutual(
+                run,
+                RF,
+                s.ref_log_prob_micro_batch_size,
+                s.ref_log_prob_micro_batch_size_per_gpu,
+                f"{CFG_PY}: validate_config",
+                "lp",
+                "ref",
+            )
+        mutual(
+            run,
+            R,
+            s.log_prob_micro_batch_size,
+            s.log_prob_micro_batch_size_per_gpu,
+            f"{CFG_PY}: validate_config",
+            "lp",
+            "rollout",
+        )
+    run.add(
+        bool(s.use_kl_in_reward and s.use_kl_loss),
+        "N1",
+        None,
+        "NOTICE: You have both enabled in-reward kl and kl loss.",
+        STARTUP,
+        f"{CFG_PY}: validate_config",
+        ["algorithm.use_kl_in_reward = True", "actor.use_kl_loss = True"],
+        "verl only prints this: the KL is applied twice, once in the reward and once in the loss.",
+        NOTICE,
+    )
+    if s.need_critic:
+        _critic_startup(run, s)
+    run.add(
+        s.val_batch_size is not None,
+        "N2",
+        None,
+        "WARNING: val_batch_size is deprecated. Validation datasets are sent to "
+        "inference engines as a whole batch, which will schedule the memory themselves.",
+        STARTUP,
+        f"{CFG_PY}: validate_config",
+        [f"data.val_batch_size = {s.val_batch_size}"],
+        "verl prints this and ignores data.val_batch_size.",
+        NOTICE,
+    )
+    if s.val_do_sample:
+        run.add(
+            s.temperature <= 0,
+            "E19",
+            AE,
+            "validation gen temperature should be greater than 0 when enabling do_sample",
+            STARTUP,
+            f"{CFG_PY}: validate_config",
+            [f"rollout.temperature = {s.temperature}"],
+            "With val_kwargs.do_sample the check reads rollout.temperature (not val_kwargs.temperature).",
+            role="rollout",
+        )
+
+
+def _critic_startup(run: Run, s: Snap) -> None:
+    """CriticConfig.__post_init__/validate and FSDPCriticConfig's (E13-E18), as validate_config runs them."""
+    post, W = f"{CRITIC_PY}: CriticConfig.__post_init__", s.world_size
+    if not s.critic_use_dynamic_bsz:
+        mutual(
+            run,
+            "critic",
+            s.critic_ppo_micro_batch_size,
+            s.critic_ppo_micro_batch_size_per_gpu,
+            post,
+            "critic",
+            "critic",
+        )
+        if s.critic_ppo_micro_batch_size is not None:
+            run.add(
+                s.critic_ppo_mini_batch_size % s.critic_ppo_micro_batch_size != 0,
+                "E15",
+                VE,
+                f"[critic] ppo_mini_batch_size ({s.critic_ppo_mini_batch_size}) must be divisible by "
+                f"ppo_micro_batch_size ({s.critic_ppo_micro_batch_size})",
+                STARTUP,
+                post,
+                [mod(s.critic_ppo_mini_batch_size, s.critic_ppo_micro_batch_size)],
+                "The deprecated critic micro size must divide the critic mini-batch.",
+                role="critic",
+            )
+    if s.legacy:
+        run.add(
+            s.critic_ulysses_sp > 1 and not s.critic_use_remove_padding,
+            "E18",
+            VE,
+            "When using sequence parallelism for critic, you must enable `use_remove_padding`.",
+            STARTUP,
+            f"{CRITIC_PY}: FSDPCriticConfig.__post_init__",
+            [
+                f"critic.ulysses_sequence_parallel_size = {s.critic_ulysses_sp}",
+                f"critic.model.use_remove_padding = {s.critic_use_remove_padding}",
+            ],
+            "Critic sequence parallelism needs padding removal (checked on critic.model).",
+            role="critic",
+        )
+    if not s.critic_use_dynamic_bsz:
+        run.add(
+            s.train_batch_size < s.critic_ppo_mini_batch_size,
+            "E16",
+            VE,
+            f"train_batch_size ({s.train_batch_size}) must be >= critic.ppo_mini_batch_size ({s.critic_ppo_mini_batch_size})",
+            STARTUP,
+            f"{CRITIC_PY}: CriticConfig.validate",
+            [
+                f"{s.train_batch_size} {'<' if s.train_batch_size < s.critic_ppo_mini_batch_size else '>='} {s.critic_ppo_mini_batch_size}"
+            ],
+            "A critic mini-batch cannot hold more prompts than the training batch.",
+            role="critic",
+        )
+        if s.critic_ppo_micro_batch_size is not None:
+            run.add(
+                s.critic_ppo_micro_batch_size * s.critic_ulysses_sp < W,
+                "E17",
+                VE,
+                f"critic.ppo_micro_batch_size ({s.critic_ppo_micro_batch_size}) * "
+                f"ulysses_sequence_parallel_size ({s.critic_ulysses_sp}) must be >= n_gpus ({W})",
+                STARTUP,
+                f"{CRITIC_PY}: FSDPCriticConfig.validate",
+                [
+                    f"{s.critic_ppo_micro_batch_size} x {s.critic_ulysses_sp} = {s.critic_ppo_micro_batch_size * s.critic_ulysses_sp} {'<' if s.critic_ppo_micro_batch_size * s.critic_ulysses_sp < W else '>='} {W}"
+                ],
+                "The deprecated critic micro size must leave at least 1 row per DP rank.",
+                role="critic",
+            )
