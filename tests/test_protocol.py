@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 
 import labkit.protocol.data_proto as L
+from labkit.protocol import padding
 from labkit.protocol.ops import chunk_tensordict as l_chunk_td
 
 V = pytest.importorskip("verl.protocol", reason="verl 0.9.1 (the test oracle) is not installed")
@@ -284,7 +285,7 @@ def test_padding_parity():
 def test_padding_worked_example():
     """10 rows to a multiple of 4 → rows 0,1 appended; padding(2) → row 9 twice."""
     data = L.DataProto.from_dict({"i": torch.arange(10)})
-    padded, pad = L.pad_dataproto_to_divisor(data, 4)
+    padded, pad = padding.pad_dataproto_to_divisor(data, 4)
     assert pad == 2 and padded.batch["i"].tolist() == list(range(10)) + [0, 1]
     data.padding(2)
     assert data.batch["i"].tolist() == list(range(10)) + [9, 9]
@@ -295,14 +296,14 @@ def test_pad_to_divisor_and_unpad_parity():
     for case in range(CASES):
         n, k = rand_rows(rng), rng.randint(1, 12)
         mine, ref = build(rand_spec(rng, n))
-        a = outcome(lambda: L.pad_dataproto_to_divisor(mine, k))
+        a = outcome(lambda: padding.pad_dataproto_to_divisor(mine, k))
         b = outcome(lambda: V.pad_dataproto_to_divisor(ref, k))
         assert_outcomes(a, b, f"pad case {case} n={n} k={k}")
         if b[0] == "ok":
             (pm, sm), (pr, sr) = a[1], b[1]
             assert len(pm) % k == 0 and len(pm) == len(mine) + sm and sm < k
-            assert_same(L.unpad_dataproto(pm, sm), V.unpad_dataproto(pr, sr), f"unpad case {case}")
-            assert_same(L.unpad_dataproto(pm, sm).batch, mine.batch, "unpad restores the rows")
+            assert_same(padding.unpad_dataproto(pm, sm), V.unpad_dataproto(pr, sr), f"unpad case {case}")
+            assert_same(padding.unpad_dataproto(pm, sm).batch, mine.batch, "unpad restores the rows")
 
 
 def test_make_iterator_parity_and_e29():

@@ -332,7 +332,7 @@ def test_notices_are_not_errors():
 @pytest.mark.parametrize("profile", PROFILES)
 def test_snapshot_reads_the_profiles_defaults(profile):
     """Every value the rules read equals cfg.get (profile defaults included: critic rmpad is false in 0.7.1)."""
-    from labkit.validate.startup import _SNAP_KEYS, Snap
+    from labkit.validate.snapshot import _SNAP_KEYS, Snap
 
     for cfg in (load_config(profile=profile), cfg_of(profile=profile)):
         s = Snap(cfg)

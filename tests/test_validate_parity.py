@@ -536,7 +536,7 @@ def test_parity_stays_fast(parity):
 def test_oracle_defaults_match_labkit_for_checked_keys():
     """labkit's defaults for the keys validate_config reads agree with verl's YAML (both versions)."""
     omegaconf = pytest.importorskip("omegaconf")
-    from labkit.validate.startup import _SNAP_KEYS
+    from labkit.validate.snapshot import _SNAP_KEYS
 
     spec = __import__("importlib").util.find_spec("verl")
     if spec is None:

@@ -5,7 +5,6 @@ Mirrors verl/protocol.py (verl 0.9.1): same semantics, preconditions and error t
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +34,6 @@ __all__ = [
     "DataProto",
     "DataProtoItem",
     "DataProtoConfig",
-    "pad_dataproto_to_divisor",
-    "unpad_dataproto",
     "chunk_tensordict",
     "deep_equal",
     "union_tensor_dict",
@@ -388,27 +385,3 @@ class DataProto:
         self.batch = tensordict_from_numpy(state["batch"])
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Append rows taken from the start (cycling) up to a multiple of size_divisor; returns (padded, pad_size).
-
-    Mirrors verl/protocol.py: pad_dataproto_to_divisor."""
-    if not isinstance(data, DataProto):
-        raise AssertionError("data must be a DataProto")
-    n = len(data)
-    if n % size_divisor == 0:
-        if n == 0:
-            logging.warning("padding a DataProto with no item, no changed made")
-        return data, 0
-    pad_size = size_divisor - n % size_divisor
-    parts, missing = [data], pad_size
-    while missing > 0:
-        parts.append(data[: min(missing, n)])
-        missing -= min(missing, n)
-    return DataProto.concat(parts), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last pad_size rows (inverse of pad_dataproto_to_divisor). Mirrors verl/protocol.py: unpad_dataproto."""
-    return data[:-pad_size] if pad_size != 0 else data

@@ -1,7 +1,9 @@
 """Arithmetic layer: the batch rules, each written once.
 
 Holds the batch geometry derived from a config (``geometry``: prompts, samples, world, DP and SP sizes, rollout
-mesh, normalised mini-batches, the workload formula, Ulysses padding), the failures verl raises at a stage
-(``failures``), the collective names planner and runtime share (``collectives``) and the error catalogue
-(``catalogue``). May import: ``labkit.config``, ``labkit.trace``.
+mesh, the workload formula, ceiling division, Ulysses padding, the ``gen_batch_size`` fallback), the mini-batch
+rules of an update (``mini_batches``: the legacy normalisation with E20–E22, the engine's E28/E29), the failure verl
+raises at a stage (``failures``), the collective names planner and runtime share (``collectives``) and the error
+catalogue (``catalogue``: every code's message, location, when and why). May import: ``labkit.config``,
+``labkit.trace``.
 """

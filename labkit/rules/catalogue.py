@@ -2,9 +2,10 @@
 
 Each entry has verl's message template verbatim (``str.format`` fields where verl formats a value; ``also``: the
 other texts of the same code), the exception type, where verl raises it (``file: function``) and in which versions,
-when it fires (start-up, worker init, step 1; silent, notice, info), and a plain why. Code that raises or reports a
-verl error formats its text here (``message``), so each message lives once; ``docs/errors.md`` is rendered from the
-same data (``render_markdown``), ``labkit explain CODE`` prints one entry (``render_text``).
+when it fires (start-up, worker init, step 1; silent, notice, info), and a plain why. The rules that validate, the
+planner, DataProto and the live actor share (E20–E22, E26–E31) format their texts here (``message``); every other text
+labkit emits is checked against its template by tests/test_catalogue.py. ``docs/errors.md`` is rendered from the same
+data (``render_markdown``), ``labkit explain CODE`` prints one entry (``render_text``).
 """
 
 from __future__ import annotations

@@ -32,16 +32,12 @@ from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trainer.live_rollout import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
 from labkit.trainer.live_rollout import sizes
 
-DEFAULT_OVERRIDES = (
+DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO step needs
     "algorithm.adv_estimator=grpo",
-    "data.train_batch_size=8",
-    f"{ARR}.rollout.n=4",
-    "trainer.n_gpus_per_node=4",
-    f"{ARR}.rollout.tensor_model_parallel_size=1",
-    "data.max_prompt_length=24",
-    "data.max_response_length=32",
+    *ROLLOUT_DEFAULTS,
     f"{ARR}.rollout.agent.num_workers=4",
     f"{ARR}.actor.ppo_mini_batch_size=8",
     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4",

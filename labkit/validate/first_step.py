@@ -14,24 +14,17 @@ from __future__ import annotations
 import math
 
 from labkit.rules.catalogue import message
-from labkit.validate.startup import AE, ERROR, NOTICE, SILENT, STEP1, VE, Run, Snap, mod
+from labkit.validate.micro_checks import (
+    budget_check,
+    engine_update_checks,
+    legacy_update_checks,
+    static_forward_checks,
+)
+from labkit.validate.snapshot import AE, NOTICE, STEP1, Run, Snap, mod
 
 FIT = "verl/trainer/ppo/ray_trainer.py: RayPPOTrainer"
 SEQ = "verl/utils/seqlen_balancing.py"
 DISPATCH = "verl/single_controller/base/decorator.py: make_nd_compute_dataproto_dispatch_fn"
-
-
-def _split(rows: int, size: int) -> list[int]:
-    """Sizes DataProto.split(size) produces: full pieces then a shorter last one."""
-    return [min(size, rows - i) for i in range(0, rows, size)] if size > 0 else []
-
-
-def _sizes(pieces: list[int]) -> str:
-    """Compact '15 x 8' / '2 x 50 + 1 x 20' description of piece sizes."""
-    out: list[str] = []
-    for v in dict.fromkeys(pieces):
-        out.append(f"{pieces.count(v)} x {v}")
-    return " + ".join(out)
 
 
 def _dispatch(run: Run, s: Snap, k: int, stage: str, role: str) -> bool:
@@ -59,241 +52,6 @@ def _dispatch(run: Run, s: Snap, k: int, stage: str, role: str) -> bool:
         f"{stage}: the B x n rows are cut into {k} equal DP chunks without padding.",
         role=role,
     )
-
-
-def _budget(run: Run, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
-    """E31: the dynamic token budget (x sp) against the padded width (legacy) or the longest row (engine)."""
-    budget = tok * sp
-    where = f"{SEQ}: rearrange_micro_batches ({stage})"
-    arith = [f"max_token_len = {key} x sp = {tok} x {sp} = {budget}"]
-    if s.legacy:
-        arith.append(
-            f"padded width = prompt_length + response_length = {s.prompt_length} + {s.response_length} = {s.width}"
-        )
-        run.add(
-            budget < s.width,
-            "E31",
-            AE,
-            message("E31", budget=budget, longest=s.width),
-            STEP1,
-            where,
-            arith,
-            "Legacy micro-batching sees padded rows, so the budget must cover the full padded width.",
-            role=role,
-        )
-        return
-    longest, sev = (s.max_seq_len, ERROR) if s.max_seq_len is not None else (s.width, NOTICE)
-    arith.append(
-        f"longest row = {longest}"
-        if s.max_seq_len is not None
-        else f"longest possible row = {s.prompt_length} + {s.response_length} = {s.width}"
-    )
-    expl = (
-        "The budget must hold the longest row (prompt + response tokens)."
-        if s.max_seq_len is not None
-        else f"Fires only if some row is longer than {budget} tokens (the longest possible row has {s.width})."
-    )
-    run.add(
-        budget < longest,
-        "E31",
-        AE,
-        message("E31", budget=budget, longest=f"tensor({longest})"),
-        STEP1,
-        where,
-        arith,
-        expl,
-        sev,
-        role=role,
-    )
-
-
-def _static_infer(run: Run, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
-    """Static forward-only micro-batching: legacy DataProto.split (ragged allowed), engine E30."""
-    if s.legacy:
-        where = f"verl/workers/actor/dp_actor.py: DataParallelPPOActor.compute_log_prob ({stage})"
-        if run.add(
-            micro is None,
-            "X3",
-            "TypeError",
-            "'NoneType' object cannot be interpreted as an integer",
-            STEP1,
-            where,
-            [f"{key} = None"],
-            "No micro-batch size reaches the worker (its use_dynamic_bsz is off).",
-            role=role,
-        ):
-            return
-        if run.add(
-            micro == 0,
-            "X2",
-            VE,
-            "range() arg 3 must not be zero",
-            STEP1,
-            where,
-            [f"{key} = 0"],
-            "The deprecated global size floor-divided to 0 per GPU, and DataProto.split(0) fails.",
-            role=role,
-        ):
-            return
-        pieces = _split(rows, micro)
-        run.add(
-            rows % micro != 0,
-            "S3",
-            None,
-            f"{stage}: {rows} rows per rank split into micro-batches {_sizes(pieces)} (last one ragged)",
-            STEP1,
-            where,
-            [
-                f"{stage}: {rows} rows / {micro} per micro-batch = {len(pieces)} micro-batches of {micro}"
-                if rows % micro == 0
-                else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {_sizes(pieces)}"
-            ],
-            "DataProto.split allows a short last micro-batch; harmless for log-probs.",
-            SILENT,
-            role=role,
-        )
-        return
-    where = f"verl/workers/engine/utils.py: prepare_micro_batches ({stage})"
-    if run.add(
-        micro is None,
-        "X3",
-        "TypeError",
-        "unsupported operand type(s) for *: 'int' and 'NoneType'",
-        STEP1,
-        where,
-        [f"{key} = None"],
-        "No per-GPU micro-batch size reaches the engine (its use_dynamic_bsz is off).",
-        role=role,
-    ):
-        return
-    run.add(
-        rows % micro != 0,
-        "E30",
-        AE,
-        message("E30"),
-        STEP1,
-        where,
-        [f"rows per rank = {rows}", mod(rows, micro)]
-        + (
-            [f"{stage}: {rows} rows / {micro} per micro-batch = {rows // micro} micro-batches of {micro}"]
-            if rows % micro == 0
-            else []
-        ),
-        "Engine static micro-batching needs rows per rank divisible by the micro size.",
-        role=role,
-    )
-
-
-def _legacy_update(run: Run, s: Snap, rows: int, Mp: int, micro: int | None, budget: tuple | None, role: str) -> None:
-    """Legacy update_policy/update_critic: data.split(M') mini-batches, then split(m) or token budget."""
-    where = (
-        "verl/workers/actor/dp_actor.py: DataParallelPPOActor.update_policy"
-        if role == "actor"
-        else "verl/workers/critic/dp_critic.py: DataParallelPPOCritic.update_critic"
-    )
-    if run.add(
-        Mp == 0,
-        "X2",
-        VE,
-        "range() arg 3 must not be zero",
-        STEP1,
-        where,
-        [f"M' = {Mp}"],
-        "The normalised mini-batch is 0 and DataProto.split(0) fails.",
-        role=role,
-    ):
-        return
-    if budget is not None:
-        _budget(run, s, *budget, role)
-    minis = _split(rows, Mp)
-    run.add(
-        rows % Mp != 0,
-        "S1",
-        None,
-        f"{role} update: {rows} rows per rank split into mini-batches {_sizes(minis)} (last one ragged)",
-        STEP1,
-        where,
-        [f"mini-batches per epoch = ceil({rows} / {Mp}) = {len(minis)}", mod(rows, Mp)],
-        "Legacy verl floors M' and never checks (B x n / D) % M'; the last optimizer step sees fewer rows.",
-        SILENT,
-        role=role,
-    )
-    if budget is not None or not micro:
-        if budget is not None and rows % Mp:
-            run.add(
-                True,
-                "S2",
-                None,
-                f"last mini-batch of {minis[-1]} rows is weighted {minis[-1]}/{Mp} of a full one",
-                STEP1,
-                where,
-                [f"loss scale = rows / M' = {minis[-1]} / {Mp}"],
-                "Dynamic micro-batches scale each loss by rows/M', so the short mini-batch is under-weighted.",
-                SILENT,
-                role=role,
-            )
-        return
-    GA = Mp // micro
-    last = _split(minis[-1], micro)
-    run.add(
-        rows % Mp != 0,
-        "S2",
-        None,
-        f"last mini-batch: {len(last)} micro-batches ({_sizes(last)}) each scaled 1/GA = 1/{GA}",
-        STEP1,
-        where,
-        [f"GA = {Mp} // {micro} = {GA}", f"last mini-batch weight = {len(last)}/{GA} of a full one"]
-        if rows % Mp
-        else [f"GA = {Mp} // {micro} = {GA}"],
-        "Static micro-batches always scale by 1/GA, so a short mini-batch contributes a smaller gradient.",
-        SILENT,
-        role=role,
-    )
-
-
-def _engine_update(run: Run, s: Snap, M: int, D: int, micro: int | None, dyn: bool, role: str) -> int | None:
-    """Engine TrainingWorker.train_mini_batch: E28, E29, then static E30 per mini-batch; returns the mini size."""
-    Mn, rows = M * s.rollout_n, s.samples // D
-    where = "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch"
-    if run.add(
-        Mn % D != 0,
-        "E28",
-        AE,
-        message("E28", mini_batch_size=Mn, dp_size=D),
-        STEP1,
-        where,
-        [f"mini_batch_size = {M} x {s.rollout_n} = {Mn}", mod(Mn, D)],
-        "The engine requires the global mini-batch M x n to split evenly over the DP ranks.",
-        role=role,
-    ):
-        return None
-    mini = Mn // D
-    if run.add(
-        rows % mini != 0,
-        "E29",
-        AE,
-        message("E29", rows=rows, mini=mini),
-        STEP1,
-        "verl/utils/tensordict_utils.py: make_iterator",
-        [f"mini per rank = {Mn} / {D} = {mini}", mod(rows, mini)],
-        "Each rank's rows must be a whole number of mini-batches.",
-        role=role,
-    ):
-        return None
-    if not dyn and micro is not None:
-        run.add(
-            mini % micro != 0,
-            "E30",
-            AE,
-            message("E30"),
-            STEP1,
-            f"verl/workers/engine/utils.py: prepare_micro_batches ({role} update)",
-            [f"mini per rank = {mini}", mod(mini, micro)]
-            + ([f"GA = {mini} // {micro} = {mini // micro}"] if mini % micro == 0 else []),
-            "Engine static micro-batching needs the per-rank mini-batch divisible by the micro size.",
-            role=role,
-        )
-    return mini
 
 
 def _v1_padding(run: Run, s: Snap, D: int) -> None:
@@ -393,7 +151,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
     if _dispatch(run, s, D, "compute_log_prob", "actor"):
         return  # every later actor-mesh call would fail the same way
     if s.legacy and s.log_prob_use_dynamic_bsz or not s.legacy and s.use_dynamic_bsz:
-        _budget(
+        budget_check(
             run,
             s,
             "log_prob_max_token_len_per_gpu",
@@ -403,7 +161,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             "rollout",
         )
     else:
-        _static_infer(
+        static_forward_checks(
             run,
             s,
             rows,
@@ -416,7 +174,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
         Dr = D if s.legacy else W // s.ref_ulysses_sp
         if s.legacy or not _dispatch(run, s, Dr, "compute_ref_log_prob", "ref"):
             if s.ref_log_prob_use_dynamic_bsz:
-                _budget(
+                budget_check(
                     run,
                     s,
                     "ref.log_prob_max_token_len_per_gpu",
@@ -426,7 +184,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                     "ref",
                 )
             else:
-                _static_infer(
+                static_forward_checks(
                     run,
                     s,
                     N // Dr,
@@ -457,13 +215,17 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                 if s.use_dynamic_bsz
                 else None
             )
-            _legacy_update(run, s, rows, Mp, micro.get("actor"), budget, "actor")
+            legacy_update_checks(run, s, rows, Mp, micro.get("actor"), budget, "actor")
     elif (
-        _engine_update(run, s, s.ppo_mini_batch_size, D, s.ppo_micro_batch_size_per_gpu, s.use_dynamic_bsz, "actor")
+        engine_update_checks(
+            run, s, s.ppo_mini_batch_size, D, s.ppo_micro_batch_size_per_gpu, s.use_dynamic_bsz, "actor"
+        )
         is not None
         and s.use_dynamic_bsz
     ):
-        _budget(run, s, "ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, s.ulysses_sp, "update_actor", "actor")
+        budget_check(
+            run, s, "ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, s.ulysses_sp, "update_actor", "actor"
+        )
 
 
 def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
@@ -473,7 +235,7 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
         if _dispatch(run, s, Dc, "compute_values", "critic"):
             return
         if s.critic_use_dynamic_bsz:
-            _budget(
+            budget_check(
                 run,
                 s,
                 "critic.forward_max_token_len_per_gpu",
@@ -483,7 +245,7 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
                 "critic",
             )
         else:
-            _static_infer(
+            static_forward_checks(
                 run,
                 s,
                 s.samples // Dc,
@@ -503,7 +265,7 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
                 if s.critic_use_dynamic_bsz
                 else None
             )
-            _legacy_update(run, s, s.samples // Dc, Mcp, micro.get("critic"), budget, "critic")
+            legacy_update_checks(run, s, s.samples // Dc, Mcp, micro.get("critic"), budget, "critic")
         return
     run.add(
         s.critic_ulysses_sp > 1 or not s.critic_use_dynamic_bsz,
@@ -524,4 +286,4 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
         role="critic",
     )
     if not _dispatch(run, s, s.world_size, "compute_values", "critic"):
-        _engine_update(run, s, s.critic_ppo_mini_batch_size, s.world_size, None, True, "critic")
+        engine_update_checks(run, s, s.critic_ppo_mini_batch_size, s.world_size, None, True, "critic")

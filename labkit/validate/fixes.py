@@ -13,7 +13,7 @@ from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.rules.geometry import ceil_div
-from labkit.validate.startup import ERROR, RF, A, C, Finding, R, Snap
+from labkit.validate.snapshot import ERROR, RF, A, C, Finding, R, Snap
 
 DEL = "<delete>"
 Change = dict[str, Any]

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.config.verl_config import VerlConfig
-from labkit.rules.geometry import BatchGeometry
+from labkit.rules.geometry import BatchGeometry, legacy_normalized_mini
 from labkit.validate.first_step import step_checks
 from labkit.validate.fixes import FIXED, Searcher
-from labkit.validate.startup import ERROR, NOTICE, PASS, SILENT, Finding, Run, Snap, startup_checks
+from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, Finding, Run, Snap
+from labkit.validate.startup import startup_checks
 from labkit.validate.worker_init import worker_checks
 
 __all__ = [
@@ -219,7 +220,7 @@ def normalized_mini(cfg: VerlConfig, role: str = "actor") -> int | None:
     if D == 0:
         return None
     if cfg.profile == "legacy":
-        return Mn // D
+        return legacy_normalized_mini(M, cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role))
     return Mn // D if Mn % D == 0 else None
 
 

@@ -9,21 +9,8 @@ from __future__ import annotations
 
 from labkit.rules.catalogue import message
 from labkit.rules.geometry import legacy_normalized_mini
-from labkit.validate.startup import (
-    AE,
-    ENGINE_W,
-    INIT,
-    LEGACY_W,
-    NOTICE,
-    RF,
-    SILENT,
-    VE,
-    R,
-    Run,
-    Snap,
-    mod,
-    mutual,
-)
+from labkit.validate.snapshot import AE, ENGINE_W, INIT, LEGACY_W, NOTICE, RF, SILENT, VE, R, Run, Snap, mod
+from labkit.validate.startup import mutual
 
 
 def mesh_check(run: Run, s: Snap, sp: int, where: str, role: str) -> bool:
