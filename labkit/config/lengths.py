@@ -68,6 +68,8 @@ def draw(name: str, n_prompts: int, n: int, prompt_length: int, response_length:
         return check_lengths(out, total, width, origin=f"profile {name!r}")
     if spec["kind"] == "full":
         return [width] * total
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise LengthsError(f"the seed of a drawn length profile must be a non-negative integer, got {seed!r}.")
     rng = np.random.default_rng(seed)
     prompts = _draw(spec["prompt"], n_prompts, prompt_length, rng)
     responses = _draw(spec["response"], total, response_length, rng)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
+from labkit.config.yaml_input import YamlInputError, describe, load_yaml, read_config_text
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 _INTERP = re.compile(r"^\$\{(?:oc\.select:)?\s*([^,}]+?)\s*(?:,\s*([^}]*))?\}$")
@@ -53,9 +55,10 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
     if isinstance(value, str) and _INTERP.match(value.strip()):
         return value  # resolved later, against the whole config
     if value is None:
-        if key.nullable or key.follows:
+        if key.nullable:
             return None
-        raise ConfigError(f"{origin}: '{key.path}' cannot be null (expected {key.type}).")
+        follows = f"; leave it unset to follow '{key.follows}'" if key.follows else ""
+        raise ConfigError(f"{origin}: '{key.path}' cannot be null (expected {key.type}){follows}.")
     if key.type == BOOL:
         if isinstance(value, bool):
             return value
@@ -76,6 +79,8 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
         if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-3 as a string; Hydra's grammar reads it as a float
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{origin}: '{key.path}' must be a finite number, got {value}.")
             if key.minimum is not None and value < key.minimum:
                 raise ConfigError(f"{origin}: '{key.path}' must be >= {key.minimum}, got {value}.")
             return float(value)
@@ -138,7 +143,12 @@ class VerlConfig:
             return _coerce(KEYS[path], self.get(target, seen), f"interpolation of '{path}'")
         if fallback is None:
             raise ConfigError(f"'{path}' interpolates '{target}', which labkit does not model.")
-        return _coerce(KEYS[path], yaml.safe_load(fallback), f"interpolation default of '{path}'")
+        try:
+            default = load_yaml(fallback)
+        except (yaml.YAMLError, YamlInputError) as exc:
+            why = describe(exc) if isinstance(exc, yaml.YAMLError) else exc
+            raise ConfigError(f"'{path}': cannot parse the interpolation default {fallback!r}: {why}") from None
+        return _coerce(KEYS[path], default, f"interpolation default of '{path}'")
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("profile", "values", "ignored"):
@@ -200,8 +210,10 @@ class VerlConfig:
             path, raw = item.split("=", 1)
             path = path.lstrip("+").strip()
             try:
-                value = yaml.safe_load(raw) if raw.strip() else None
+                value = load_yaml(raw) if raw.strip() else None
             except yaml.YAMLError as exc:
+                raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {describe(exc)}") from None
+            except YamlInputError as exc:
                 raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {exc}") from None
             self.set(path, value, origin=f"override '{item}'")
         return self
@@ -247,9 +259,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), p
     cfg = VerlConfig(profile=profile)
     if path is not None:
         try:
-            tree = yaml.safe_load(Path(path).read_text())
+            tree = load_yaml(read_config_text(path))
+        except YamlInputError as exc:
+            raise ConfigError(f"{path}: {exc}.") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: malformed YAML: {exc}") from None
+            raise ConfigError(f"{path}: malformed YAML: {describe(exc)}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
         if tree is None:

@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from labkit.config.verl_config import ConfigError
 from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
 from labkit.plan.context import Ctx, build_ctx
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import lengths_for_config
+from labkit.rules.geometry import BatchGeometry, lengths_for_config
 from labkit.trace import StepTrace
 
 DISPATCH = ("mesh", "all_gather")
@@ -116,12 +117,17 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
         s["tokens"] = tok
 
 
+class PlanTooLarge(ConfigError):
+    """The step is too large to follow per rank in bounded time; the message keeps the arithmetic."""
+
+
 def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str = "mesh", seed: int = 0) -> StepTrace:
     """Predict one training step of ``cfg`` (a ``labkit.config.verl_config.VerlConfig``) per stage and per rank.
 
     ``lengths``: None (rows only), B·n explicit token counts, or a profile name of ``data/length_profiles.json``
     drawn with ``seed``. ``dispatch``: "mesh" (nd dispatch, v0.6+) or "all_gather" (≤v0.5 DP_COMPUTE_PROTO + TP/SP
-    all-gather). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace.
+    all-gather). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace; a step larger
+    than the planner follows (``BatchGeometry.too_large_to_plan``) raises PlanTooLarge, with the arithmetic.
     """
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {list(DISPATCH)}, got {dispatch!r}")
@@ -135,6 +141,9 @@ def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str 
 
 
 def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int) -> StepTrace:
+    too_large = BatchGeometry.from_config(cfg).too_large_to_plan()
+    if too_large:
+        raise PlanTooLarge(too_large)
     lens = lengths_for_config(cfg, lengths, seed)
     ctx = build_ctx(cfg, lens, dispatch)
     tr = StepTrace(profile=cfg.profile, source="plan")

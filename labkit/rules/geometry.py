@@ -18,6 +18,10 @@ from labkit.config.lengths import resolve_lengths
 WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L² (the attention term of a 7B-class model)
 
 
+MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (about 5 s on 2 cores at the limit)
+MAX_PLANNED_RANKS = 4096  # GPUs the planner follows rank by rank (about 4 s)
+
+
 def ceil_div(a: int, b: int) -> int:
     """⌈a / b⌉ for positive b."""
     return -(a // -b)
@@ -95,6 +99,18 @@ class BatchGeometry:
     """prompt_length + response_length: the padded row width, the longest a sample can be."""
     remove_padding: bool
     """The actor's ``use_remove_padding`` (``model.`` in the engine profile, ``actor.`` in legacy)."""
+
+    def too_large_to_plan(self) -> str | None:
+        """Why the planner will not follow this step row by row and rank by rank (None when it will), with the
+        arithmetic it still knows."""
+        if self.samples <= MAX_PLANNED_SAMPLES and self.world_size <= MAX_PLANNED_RANKS:
+            return None
+        per_rank = f", {self.samples // self.dp_size:,} rows per DP rank" if self.dp_size else ""
+        return (
+            f"too large to plan per rank: B·n = {self.prompts:,}·{self.rollout_n:,} = {self.samples:,} samples "
+            f"over W = {self.world_size:,} GPUs (D = {self.dp_size:,}{per_rank}); the planner follows at most "
+            f"{MAX_PLANNED_SAMPLES:,} samples and {MAX_PLANNED_RANKS:,} GPUs."
+        )
 
     @classmethod
     def from_config(cls, cfg: Any) -> BatchGeometry:

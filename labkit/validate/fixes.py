@@ -42,9 +42,14 @@ def _near_divisors(x: int, around: int | None, k: int = 2) -> list[int]:
     return sorted(ds, key=lambda d: (abs(d - around), d))[:k]
 
 
+NEAR_SCAN = 10_000  # values tried on each side of a size: bounds the fix search for huge configs
+
+
 def _near(pred: Callable[[int], bool], start: int, lo: int = 1, hi: int | None = None) -> list[int]:
-    """The nearest value below ``start`` and the nearest above it (within [lo, hi]) satisfying pred."""
+    """The nearest value below ``start`` and the nearest above it (within [lo, hi], at most NEAR_SCAN steps away)
+    satisfying pred."""
     hi = hi or max(4 * start, 64)
+    lo, hi = max(lo, start - NEAR_SCAN), min(hi, start + NEAR_SCAN)
     out = []
     for rng in (range(start - 1, lo - 1, -1), range(start + 1, hi + 1)):
         v = next((v for v in rng if pred(v)), None)
