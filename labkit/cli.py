@@ -295,8 +295,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     except PlanTooLarge as exc:
         con.print(
             f"[green]verl's start-up checks accept this config[/green] ({cfg.profile} profile); the first step "
-            f"is not checked: {exc}",
-            markup=True,
+            f"is not checked: {escape(str(exc))}",
         )
         return 0
     if errors:
