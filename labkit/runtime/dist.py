@@ -56,6 +56,23 @@ class DistState:
 
 
 _STATE: DistState | None = None
+_LISTEN: socket.socket | None = None  # rank 0's rendezvous socket, bound to MASTER_ADDR only
+
+
+def _listen_on(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port for rank 0's TCPStore. Given to the store, it keeps the rendezvous on
+    ``host`` (127.0.0.1 by default); a TCPStore that binds its own port listens on every interface."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 _INFLIGHT: dict[str, Any] | None = None
 _COUNTS: Counter = Counter()
 _LOCK = threading.Lock()
@@ -119,8 +136,16 @@ def init_dist(
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
     long = datetime.timedelta(seconds=rendezvous_timeout_s)
+    global _LISTEN
+    _LISTEN = _listen_on(master_addr, master_port) if rank == 0 else None
     store = dist.TCPStore(
-        master_addr, master_port, world_size, is_master=rank == 0, timeout=long, wait_for_workers=True
+        master_addr,
+        master_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=long,
+        wait_for_workers=True,
+        master_listen_fd=None if _LISTEN is None else _LISTEN.fileno(),
     )
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=long)
     _STATE = DistState(rank, world_size, backend, device, timeout_s)
@@ -149,10 +174,12 @@ def state() -> DistState | None:
 
 def teardown() -> bool:
     """destroy_process_group if one exists; True when no process group is left."""
-    global _STATE
+    global _STATE, _LISTEN
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _STATE = None
+    if _LISTEN is not None:
+        _LISTEN.close()
+    _STATE, _LISTEN = None, None
     return not dist.is_initialized()
 
 
