@@ -306,6 +306,9 @@ class LocalLauncher:
         for conn in self.conns + self.status_conns:
             conn.close()
         return [
-            reports.get(r, {"rank": r, "pid": self.pids[r], "pg_destroyed": None, "killed": True})
-            for r in range(self.world_size)
+            reports.get(
+                r,
+                {"rank": r, "pid": self.pids[r] if r < len(self.pids) else None, "pg_destroyed": None, "killed": True},
+            )
+            for r in range(self.world_size)  # after a failed start, ranks past the failure never got a pid
         ]
