@@ -55,6 +55,7 @@ class DistState:
     timeout_s: float
 
 
+MAX_TIMEOUT_S = 30 * 86400
 _STATE: DistState | None = None
 _LISTEN: socket.socket | None = None  # rank 0's rendezvous socket, bound to MASTER_ADDR only
 
@@ -158,6 +159,8 @@ def check_timeout(name: str, value: Any) -> None:
     group's timeout, a group timeout of 0 fails every collective at once) and a negative one fails at once."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if value > MAX_TIMEOUT_S:  # torch converts to milliseconds in C++: huge values overflow in every rank
+        raise ValueError(f"{name} must be at most {MAX_TIMEOUT_S:,} seconds (30 days), got {value!r}")
 
 
 def set_group_timeout(group: Any, timeout_s: float) -> None:
