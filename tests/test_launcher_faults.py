@@ -24,3 +24,48 @@ def test_a_huge_timeout_is_refused_before_any_process_starts(key):
 
     with pytest.raises(ValueError, match=f"{key} must be at most 2,592,000 seconds"):
         WorkerGroup(DemoWorker, 2, launcher="local", **{key: 1e14})
+
+
+DRIVER = """
+from labkit.runtime.demo_worker import DemoWorker
+from labkit.runtime.worker_group import WorkerGroup
+
+if __name__ == "__main__":
+    wg = WorkerGroup(DemoWorker, 2, launcher="local", timeout_s=120)
+    print(" ".join(map(str, wg.pids)), flush=True)
+    wg.sleep(600)  # every rank busy in a call: none of them reads its pipe
+"""
+
+
+@pytest.mark.slow
+def test_local_ranks_exit_when_their_driver_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from labkit.runtime.local_launcher import DRIVER_POLL_S, pid_alive
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    root = Path(__file__).resolve().parents[1]
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 2 and all(map(pid_alive, pids)), pids
+        time.sleep(1.0)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        deadline = time.monotonic() + 10 * DRIVER_POLL_S + 5
+        while any(map(pid_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in pids if pid_alive(p)]
+        assert not left, f"ranks {left} outlived their SIGKILLed driver"
+    finally:
+        driver.kill()
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

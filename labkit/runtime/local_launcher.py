@@ -65,8 +65,22 @@ def _serve_status(conn: Any, host: RankHost) -> None:
         return
 
 
-def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict) -> None:
-    """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes."""
+DRIVER_POLL_S = 0.5  # how often a rank checks that its driver is still alive
+
+
+def _exit_without_driver(driver_pid: int) -> None:
+    """Exit this rank once its driver is gone: a SIGKILLed driver cannot close its ranks, and a rank busy in a call
+    never reads the pipe that would tell it (os._exit: no cleanup can be trusted without the driver)."""
+    while pid_alive(driver_pid):
+        time.sleep(DRIVER_POLL_S)
+    os._exit(70)
+
+
+def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict, driver_pid: int | None = None) -> None:
+    """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes (or the
+    driver process ``driver_pid`` dies)."""
+    if driver_pid is not None:
+        threading.Thread(target=_exit_without_driver, args=(driver_pid,), daemon=True).start()
     host = RankHost(**host_kwargs)
     threading.Thread(target=_serve_status, args=(status_conn, host), daemon=True).start()
     _send(conn, ("ready", host.ready()))
@@ -164,7 +178,10 @@ class LocalLauncher:
             parent, child = ctx.Pipe(duplex=True)
             sparent, schild = ctx.Pipe(duplex=True)
             proc = ctx.Process(
-                target=local_rank_main, args=(child, schild, host_kwargs[rank]), name=f"labkit-rank{rank}", daemon=True
+                target=local_rank_main,
+                args=(child, schild, host_kwargs[rank], os.getpid()),
+                name=f"labkit-rank{rank}",
+                daemon=True,
             )
             proc.start()
             child.close()
