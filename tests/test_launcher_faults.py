@@ -69,3 +69,25 @@ def test_local_ranks_exit_when_their_driver_is_killed(tmp_path):
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_an_unpicklable_return_value_is_an_error_that_says_why():
+    """A method whose value cannot be pickled fails with that reason on every rank; the ranks stay alive."""
+    import weakref
+
+    import torch
+
+    from labkit.protocol.data_proto import DataProto
+    from labkit.runtime.demo_worker import DemoWorker
+    from labkit.runtime.worker_group import WorkerGroup
+
+    wg = WorkerGroup(DemoWorker, 2, launcher="local", timeout_s=60)
+    try:
+        data = DataProto.from_dict({"input_ids": torch.zeros(4, 3, dtype=torch.long)})
+        with pytest.raises(Exception, match=r"return value of with_func cannot be sent to the driver \(pickle: "):
+            wg.with_func(weakref.ref, data)
+        assert len(wg.alive_pids()) == 2
+        assert wg.echo(1)[0]["x"] == 1  # the group still serves calls
+    finally:
+        wg.close()

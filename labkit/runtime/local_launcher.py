@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from labkit.runtime.rank_host import RankHost
+from labkit.runtime.rank_host import RankHost, error_envelope
 
 __all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
 
@@ -91,7 +91,13 @@ def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict, driver_pid: 
             break
         if msg[0] == "call":
             _, call_id, method, args, kwargs, opts = msg
-            _send(conn, ("result", call_id, host.call(method, args, kwargs, **opts)))
+            result = host.call(method, args, kwargs, **opts)
+            try:
+                payload = _dumps(("result", call_id, result))
+            except Exception as exc:  # the value cannot cross the process boundary: say so instead of dying
+                why = TypeError(f"the return value of {method} cannot be sent to the driver (pickle: {exc})")
+                payload = _dumps(("result", call_id, error_envelope(host.rank, method, why)))
+            conn.send_bytes(payload)
         elif msg[0] == "shutdown":
             _send(conn, ("bye", host.shutdown()))
             break
