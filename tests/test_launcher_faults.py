@@ -91,3 +91,24 @@ def test_an_unpicklable_return_value_is_an_error_that_says_why():
         assert wg.echo(1)[0]["x"] == 1  # the group still serves calls
     finally:
         wg.close()
+
+
+@pytest.mark.slow
+def test_processes_a_rank_started_die_with_the_group():
+    import time
+
+    from labkit.runtime.demo_worker import DemoWorker
+    from labkit.runtime.local_launcher import pid_alive
+    from labkit.runtime.worker_group import WorkerGroup
+
+    wg = WorkerGroup(DemoWorker, 2, launcher="local", timeout_s=60)
+    try:
+        children = wg.start_child(600)
+        assert len(children) == 2 and all(map(pid_alive, children))
+    finally:
+        wg.close()
+    deadline = time.monotonic() + 2.0  # SIGKILL is delivered asynchronously
+    while any(map(pid_alive, children)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in children if pid_alive(p)]
+    assert not left, f"children {left} of the ranks outlived close()"

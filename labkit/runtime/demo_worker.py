@@ -168,3 +168,10 @@ class DemoWorker(Worker):
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
         return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start_child(self, seconds: float) -> int:
+        """Start a child process that sleeps (as a rank's own helper would) and return its pid."""
+        import subprocess
+
+        return subprocess.Popen(["sleep", str(seconds)]).pid

@@ -79,6 +79,7 @@ def _exit_without_driver(driver_pid: int) -> None:
 def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict, driver_pid: int | None = None) -> None:
     """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes (or the
     driver process ``driver_pid`` dies)."""
+    os.setpgrp()  # the rank leads a process group of its own: close() takes down whatever the rank started too
     if driver_pid is not None:
         threading.Thread(target=_exit_without_driver, args=(driver_pid,), daemon=True).start()
     host = RankHost(**host_kwargs)
@@ -326,6 +327,11 @@ class LocalLauncher:
             if proc.is_alive():
                 proc.kill()
                 proc.join(2.0)
+        for pid in self.pids:  # processes a rank started (its process group) die with it
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for conn in self.conns + self.status_conns:
             conn.close()
         return [
