@@ -15,10 +15,8 @@ from typing import Any
 from labkit.config.keys import ARR
 from labkit.config.lengths import resolve_lengths
 
-WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L² (the attention term of a 7B-class model)
-
-
-MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (about 5 s on 2 cores at the limit)
+WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L², the linear term sized for a 7B model (h = 4096)
+MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (seconds on 2 cores at the limit)
 MAX_PLANNED_RANKS = 4096  # GPUs the planner follows rank by rank (about 4 s)
 
 
