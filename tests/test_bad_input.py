@@ -134,11 +134,16 @@ def test_negative_seed_of_a_drawn_profile():
 
 @pytest.mark.parametrize(
     "override",
-    ["data.train_batch_size=100000000", "trainer.n_gpus_per_node=100000000", "data.train_batch_size=100000000000000"],
+    [
+        "data.train_batch_size=100000000",
+        "trainer.n_gpus_per_node=100000000",
+        "data.train_batch_size=100000000000000",
+        "actor_rollout_ref.actor.ppo_epochs=2147483648",
+    ],
 )
 def test_sizes_without_bounds_answer_in_bounded_time(override):
-    err = bad("plan", override, *GRPO, says="too large to plan per rank: B·n = ", within_s=3.0)
-    assert "samples over W = " in err
+    err = bad("plan", override, *GRPO, says="too large to plan per rank: ", within_s=3.0)
+    assert "samples" in err
     code, out, err, took = run("check", override, *GRPO)
     assert code in (0, 1) and took < 3.0 and not err, (code, err, took)
     assert "verl" in out

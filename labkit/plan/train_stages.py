@@ -8,6 +8,7 @@ update_policy (legacy) and verl/workers/engine_workers.py: TrainingWorker.train_
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 
 from labkit.plan.context import Ctx, actor_layout
 from labkit.plan.micro_batches import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
@@ -178,7 +179,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     rows = ctx.geo.samples // D
     rec.per_rank_rows = rows
     minis = split(rows)
-    starts = [sum(minis[:j]) for j in range(len(minis))]
+    starts = [0, *accumulate(minis)][:-1]  # row offset of each mini-batch
     subs = [[c[starts[j] : starts[j] + size] for c in chunks] for j, size in enumerate(minis)]
     if p.dyn and ctx.lengths is not None:  # per mini-batch j: (partitions per DP rank, sync collectives)
         per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)

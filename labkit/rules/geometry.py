@@ -97,12 +97,23 @@ class BatchGeometry:
     """prompt_length + response_length: the padded row width, the longest a sample can be."""
     remove_padding: bool
     """The actor's ``use_remove_padding`` (``model.`` in the engine profile, ``actor.`` in legacy)."""
+    ppo_epochs: int
+    """The larger of the actor's and the critic's ``ppo_epochs``: passes over the batch in an update."""
 
     def too_large_to_plan(self) -> str | None:
         """Why the planner will not follow this step row by row and rank by rank (None when it will), with the
         arithmetic it still knows."""
-        if self.samples <= MAX_PLANNED_SAMPLES and self.world_size <= MAX_PLANNED_RANKS:
+        if (
+            self.samples <= MAX_PLANNED_SAMPLES
+            and self.world_size <= MAX_PLANNED_RANKS
+            and self.samples * self.ppo_epochs <= MAX_PLANNED_SAMPLES * 16
+        ):
             return None
+        if self.samples <= MAX_PLANNED_SAMPLES and self.world_size <= MAX_PLANNED_RANKS:
+            return (
+                f"too large to plan per rank: ppo_epochs = {self.ppo_epochs:,} passes over {self.samples:,} "
+                f"samples; the planner follows at most {MAX_PLANNED_SAMPLES * 16:,} sample-passes per update."
+            )
         per_rank = f", {self.samples // self.dp_size:,} rows per DP rank" if self.dp_size else ""
         return (
             f"too large to plan per rank: B·n = {self.prompts:,}·{self.rollout_n:,} = {self.samples:,} samples "
@@ -141,6 +152,7 @@ class BatchGeometry:
             response_length=rl,
             width=pl + rl,
             remove_padding=bool(rmpad),
+            ppo_epochs=max(g(f"{ARR}.actor.ppo_epochs"), g("critic.ppo_epochs")),
         )
 
 

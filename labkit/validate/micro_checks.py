@@ -6,23 +6,35 @@ mini-batches and their loss weights (silent S-codes) and the engine's ``train_mi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from labkit.rules.catalogue import message
+from labkit.rules.geometry import ceil_div
 from labkit.validate.snapshot import AE, ERROR, NOTICE, SILENT, STEP1, VE, Run, Snap, mod
 
 SEQ = "verl/utils/seqlen_balancing.py"
 
 
-def split_sizes(rows: int, size: int) -> list[int]:
-    """Sizes DataProto.split(size) produces: full pieces then a shorter last one."""
-    return [min(size, rows - i) for i in range(0, rows, size)] if size > 0 else []
+@dataclass(frozen=True)
+class Split:
+    """The pieces ``DataProto.split(size)`` cuts ``rows`` into, in closed form (a huge batch is never listed):
+    ``rows // size`` full pieces, then a shorter last one when ``size`` does not divide ``rows``."""
 
+    rows: int
+    size: int
 
-def describe_sizes(pieces: list[int]) -> str:
-    """Compact '15 x 8' / '2 x 50 + 1 x 20' description of piece sizes."""
-    out: list[str] = []
-    for v in dict.fromkeys(pieces):
-        out.append(f"{pieces.count(v)} x {v}")
-    return " + ".join(out)
+    def __len__(self) -> int:
+        return ceil_div(self.rows, self.size)
+
+    @property
+    def last(self) -> int:
+        """Rows of the last piece."""
+        return self.rows - (len(self) - 1) * self.size if self.rows else 0
+
+    def describe(self) -> str:
+        """Compact '15 x 8' / '2 x 50 + 1 x 20' description of the piece sizes."""
+        full, rest = divmod(self.rows, self.size)
+        return " + ".join(f"{count} x {size}" for count, size in ((full, self.size), (1, rest)) if count and size)
 
 
 def budget_check(run: Run, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
@@ -99,18 +111,18 @@ def static_forward_checks(run: Run, s: Snap, rows: int, micro: int | None, key: 
             role=role,
         ):
             return
-        pieces = split_sizes(rows, micro)
+        pieces = Split(rows, micro)
         run.add(
             rows % micro != 0,
             "S3",
             None,
-            f"{stage}: {rows} rows per rank split into micro-batches {describe_sizes(pieces)} (last one ragged)",
+            f"{stage}: {rows} rows per rank split into micro-batches {pieces.describe()} (last one ragged)",
             STEP1,
             where,
             [
                 f"{stage}: {rows} rows / {micro} per micro-batch = {len(pieces)} micro-batches of {micro}"
                 if rows % micro == 0
-                else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {describe_sizes(pieces)}"
+                else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {pieces.describe()}"
             ],
             "DataProto.split allows a short last micro-batch; harmless for log-probs.",
             SILENT,
@@ -171,12 +183,12 @@ def legacy_update_checks(
         return
     if budget is not None:
         budget_check(run, s, *budget, role)
-    minis = split_sizes(rows, Mp)
+    minis = Split(rows, Mp)
     run.add(
         rows % Mp != 0,
         "S1",
         None,
-        f"{role} update: {rows} rows per rank split into mini-batches {describe_sizes(minis)} (last one ragged)",
+        f"{role} update: {rows} rows per rank split into mini-batches {minis.describe()} (last one ragged)",
         STEP1,
         where,
         [f"mini-batches per epoch = ceil({rows} / {Mp}) = {len(minis)}", mod(rows, Mp)],
@@ -190,22 +202,22 @@ def legacy_update_checks(
                 True,
                 "S2",
                 None,
-                f"last mini-batch of {minis[-1]} rows is weighted {minis[-1]}/{Mp} of a full one",
+                f"last mini-batch of {minis.last} rows is weighted {minis.last}/{Mp} of a full one",
                 STEP1,
                 where,
-                [f"loss scale = rows / M' = {minis[-1]} / {Mp}"],
+                [f"loss scale = rows / M' = {minis.last} / {Mp}"],
                 "Dynamic micro-batches scale each loss by rows/M', so the short mini-batch is under-weighted.",
                 SILENT,
                 role=role,
             )
         return
     GA = Mp // micro
-    last = split_sizes(minis[-1], micro)
+    last = Split(minis.last, micro)
     run.add(
         rows % Mp != 0,
         "S2",
         None,
-        f"last mini-batch: {len(last)} micro-batches ({describe_sizes(last)}) each scaled 1/GA = 1/{GA}",
+        f"last mini-batch: {len(last)} micro-batches ({last.describe()}) each scaled 1/GA = 1/{GA}",
         STEP1,
         where,
         [f"GA = {Mp} // {micro} = {GA}", f"last mini-batch weight = {len(last)}/{GA} of a full one"]
