@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from labkit.runtime.rank_host import RankHost, error_envelope
+from labkit.runtime.rank_host import RankHost, error_envelope, not_ready_envelope
 
 __all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
 
@@ -209,19 +209,7 @@ class LocalLauncher:
             if any(not e["ok"] for e in out.values()):
                 break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
         for rank in range(self.world_size):
-            out.setdefault(
-                rank,
-                {
-                    "ok": False,
-                    "rank": rank,
-                    "method": "__init__",
-                    "exc_type": "NotReady",
-                    "pending": True,
-                    "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
-                    f"(start_timeout_s={timeout_s:g})",
-                    "traceback": "",
-                },
-            )
+            out.setdefault(rank, not_ready_envelope(rank, time.monotonic() - start, timeout_s))
         return out
 
     def _dead_envelope(self, rank: int, method: str) -> dict:

@@ -39,6 +39,19 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
     return env
 
 
+def not_ready_envelope(rank: int, waited_s: float, timeout_s: float) -> dict[str, Any]:
+    """The envelope of a rank that did not report ready within the start timeout (a launcher's wait_ready)."""
+    return {
+        "ok": False,
+        "rank": rank,
+        "method": "__init__",
+        "exc_type": "NotReady",
+        "pending": True,
+        "message": f"rank {rank} not ready after {waited_s:.1f} s (start_timeout_s={timeout_s:g})",
+        "traceback": "",
+    }
+
+
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py", "_functional_collectives.py")
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from labkit.runtime.rank_host import RankHost
+from labkit.runtime.rank_host import RankHost, not_ready_envelope
 
 QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 # raylet settings for a Ray labkit starts: no idle Python workers prestarted at start-up (actors get workers of their
@@ -283,19 +283,7 @@ class RayLauncher:
             if any(not e["ok"] for e in out.values()):
                 break  # a rank failed to start: its peers may wait for it forever; the driver closes them all
         for rank in range(self.world_size):
-            out.setdefault(
-                rank,
-                {
-                    "ok": False,
-                    "rank": rank,
-                    "method": "__init__",
-                    "exc_type": "NotReady",
-                    "pending": True,
-                    "message": f"rank {rank} not ready after {time.monotonic() - start:.1f} s "
-                    f"(start_timeout_s={timeout_s:g})",
-                    "traceback": "",
-                },
-            )
+            out.setdefault(rank, not_ready_envelope(rank, time.monotonic() - start, timeout_s))
             self.pids[rank] = out[rank].get("pid")
         return out
 
