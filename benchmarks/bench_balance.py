@@ -120,7 +120,7 @@ def plan_figures(reps: int) -> None:
     does: the _balance_batch result of the same lengths is reused). Goal < 100 ms. The median of many runs and the
     best are both printed: on a shared VM the same work varies up to 2x between runs."""
     from labkit.config.verl_config import load_config
-    from labkit.plan import rollout_stages as plan_stages
+    from labkit.plan import rollout_stages
     from labkit.plan.step import plan
     from labkit.rules.geometry import lengths_for_config
 
@@ -137,7 +137,7 @@ def plan_figures(reps: int) -> None:
             times = []
             for i in range(max(3 * reps, len(cfgs))):
                 if cold:
-                    plan_stages._balanced.cache_clear()
+                    rollout_stages._balanced.cache_clear()
                 start = time.process_time()
                 tr = plan(cfgs[i % len(cfgs)], lengths)
                 times.append(time.process_time() - start)

@@ -14,7 +14,7 @@ from labkit.rules.geometry import BatchGeometry, workload
 
 @dataclass
 class Ctx:
-    """One training step being planned: config, geometry, lengths, and what the stages found (``build_ctx``)."""
+    """One training step being planned: config, geometry, lengths, and what the stages found."""
 
     cfg: Any
     geo: BatchGeometry
@@ -54,11 +54,6 @@ class Ctx:
         flat = [i for part in self.order for i in part] if self.order is not None else list(range(samples))
         size = samples // dp
         return [flat[r * size : (r + 1) * size] for r in range(dp)]
-
-
-def build_ctx(cfg: Any, lengths: list[int] | None, dispatch: str) -> Ctx:
-    """The planner's state for ``cfg`` (a ``labkit.config.verl_config.VerlConfig``)."""
-    return Ctx(cfg=cfg, geo=BatchGeometry.from_config(cfg), dispatch=dispatch, lengths=lengths)
 
 
 def actor_layout(rank: int, sp: int) -> tuple[int, int]:

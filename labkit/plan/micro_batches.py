@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from labkit.balance import micro_batches as microbatch
+from labkit.balance.micro_batches import plan_dp_micro_batches_each, static_micro_batches
 from labkit.plan.context import Ctx
 from labkit.rules.catalogue import code_of
 from labkit.rules.failures import StageFailure
@@ -42,7 +42,7 @@ def static_partitions(rows: int, m: int, profile: str) -> list[list[int]]:
 
 @lru_cache(maxsize=256)
 def _static(rows: int, m: int, profile: str) -> list[list[int]]:
-    return microbatch.static_micro_batches(rows, m, profile=profile)
+    return static_micro_batches(rows, m, profile=profile)
 
 
 def dynamic_partitions(
@@ -58,14 +58,14 @@ def dynamic_partitions_each(
     ctx: Ctx, batches: Sequence[Sequence[Sequence[int]]], budget: int
 ) -> list[tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]]:
     """``dynamic_partitions`` of several batches the DP ranks cut one after another (an update's mini-batches),
-    planned together (``microbatch.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
+    planned together (``labkit.balance.micro_batches.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
     keys = [("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
     todo = [j for j, key in enumerate(keys) if key not in ctx.cache]
     if todo:
         lens = [[[ctx.lengths[i] for i in idx] for idx in batches[j]] for j in todo]
         width = ctx.geo.width if ctx.profile == "legacy" else None
         try:
-            plans = microbatch.plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
+            plans = plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
         except (AssertionError, ValueError) as exc:  # the failing batch (the first, as in verl) names E31's row
             raise _failure(exc, lens[getattr(exc, "batch_index", 0)], ctx.profile) from None
         for j, batch_plans in zip(todo, plans):

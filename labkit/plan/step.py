@@ -18,10 +18,10 @@ from typing import Any
 from labkit.config.verl_config import ConfigError
 from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
-from labkit.plan.context import Ctx, build_ctx
+from labkit.plan.context import Ctx
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import BatchGeometry, lengths_for_config
+from labkit.rules.geometry import BatchGeometry
 from labkit.trace import StepTrace
 
 DISPATCH = ("mesh", "all_gather")
@@ -141,11 +141,11 @@ def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str 
 
 
 def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int) -> StepTrace:
-    too_large = BatchGeometry.from_config(cfg).too_large_to_plan()
+    geo = BatchGeometry.from_config(cfg)
+    too_large = geo.too_large_to_plan()
     if too_large:
         raise PlanTooLarge(too_large)
-    lens = lengths_for_config(cfg, lengths, seed)
-    ctx = build_ctx(cfg, lens, dispatch)
+    ctx = Ctx(cfg=cfg, geo=geo, dispatch=dispatch, lengths=geo.lengths(lengths, seed))
     tr = StepTrace(profile=cfg.profile, source="plan")
     for name, step in _steps(cfg):
         try:
@@ -160,7 +160,7 @@ def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: in
     _summarize(ctx, tr)
     tr.summary["stage_errors"] = ctx.errors
     try:
-        findings, report = findings_of(cfg, None if lens is None else max(lens))
+        findings, report = findings_of(cfg, None if ctx.lengths is None else max(ctx.lengths))
     except Exception as exc:  # noqa: BLE001 - a validate bug must not hide the plan; shown in the summary
         findings, report = None, None
         tr.summary["validate_crashed"] = f"{type(exc).__name__}: {exc}"

@@ -132,7 +132,7 @@ def settings_from_config(cfg: Any, **model: Any) -> ActorSettings:
     )
 
 
-# ---- which micro-batching each stage uses (plan_roles' rules) -------------------------------------------------------
+# ---- which micro-batching each stage uses (the planner's ``labkit.plan.roles``) -------------------------------------------------------
 @dataclass(frozen=True)
 class MicroParams:
     """How one stage cuts its rows: dynamic flag, rows per micro-batch, token budget per GPU (before × sp)."""

@@ -121,6 +121,17 @@ class BatchGeometry:
             f"{MAX_PLANNED_SAMPLES:,} samples and {MAX_PLANNED_RANKS:,} GPUs."
         )
 
+    def lengths(self, spec: Sequence[int] | str | None, seed: int = 0) -> list[int] | None:
+        """One length per sample (``labkit.config.lengths.resolve_lengths`` with B, n and the widths)."""
+        return resolve_lengths(
+            spec,
+            n_prompts=self.prompts,
+            n=self.rollout_n,
+            prompt_length=self.prompt_length,
+            response_length=self.response_length,
+            seed=seed,
+        )
+
     @classmethod
     def from_config(cls, cfg: Any) -> BatchGeometry:
         """Read every size from ``cfg`` (a ``labkit.config.verl_config.VerlConfig``), once."""
@@ -157,13 +168,5 @@ class BatchGeometry:
 
 
 def lengths_for_config(cfg: Any, spec: Sequence[int] | str | None, seed: int = 0) -> list[int] | None:
-    """One length per sample of ``cfg``'s step (``labkit.config.lengths.resolve_lengths`` with B, n and the widths)."""
-    geo = BatchGeometry.from_config(cfg)
-    return resolve_lengths(
-        spec,
-        n_prompts=geo.prompts,
-        n=geo.rollout_n,
-        prompt_length=geo.prompt_length,
-        response_length=geo.response_length,
-        seed=seed,
-    )
+    """One length per sample of ``cfg``'s step (``BatchGeometry.lengths``)."""
+    return BatchGeometry.from_config(cfg).lengths(spec, seed)

@@ -25,8 +25,7 @@ from labkit.config.keys import ARR
 from labkit.config.verl_config import VerlConfig, load_config
 from labkit.plan.step import plan
 from labkit.protocol.data_proto import DataProto
-from labkit.rl import actor_client as ar
-from labkit.rl import rollout
+from labkit.rl import actor_client, rollout
 from labkit.rl.algo import agg_loss, grpo_outcome_advantage
 from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
@@ -251,7 +250,7 @@ class GRPOTrainer:
                     scores, _ = token_level_scores(batch, self.tokenizer)
                     batch.batch["token_level_scores"] = scores
                 with self._timer("old_log_prob", timing, bar):
-                    old = ar.compute_log_prob(self.wg, batch)
+                    old = actor_client.compute_log_prob(self.wg, batch)
                     ent = old.batch["entropys"]
                     metrics["actor/entropy"] = float(
                         agg_loss(
@@ -267,7 +266,7 @@ class GRPOTrainer:
                 mem["old_log_prob"] = self._memory()
                 if use_ref:
                     with self._timer("ref", timing, bar):
-                        batch.union(ar.compute_ref_log_prob(self.wg, batch))
+                        batch.union(actor_client.compute_ref_log_prob(self.wg, batch))
                     mem["ref_log_prob"] = self._memory()
                 with self._timer("adv", timing, bar):
                     b = batch.batch
@@ -292,7 +291,7 @@ class GRPOTrainer:
                     )
                     batch.batch["advantages"], batch.batch["returns"] = adv, ret
                 with self._timer("update_actor", timing, bar):
-                    metrics.update(ar.update_actor(self.wg, batch))
+                    metrics.update(actor_client.update_actor(self.wg, batch))
                 mem["update_actor"] = self._memory()
                 with self._timer("update_weights", timing, bar):
                     self.synced = self.wg.update_weights()

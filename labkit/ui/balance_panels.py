@@ -15,9 +15,7 @@ from labkit.config.lengths import LengthsError, profile_names
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.plan.step import plan
 from labkit.rules.geometry import lengths_for_config
-from labkit.ui import balance_figures as viz_balance
-from labkit.ui import figures as viz
-from labkit.ui import lessons
+from labkit.ui import balance_figures, figures, lessons
 from labkit.ui.panels import verdict_html
 from labkit.validate.report import check
 
@@ -38,19 +36,19 @@ def _slider(label: str, value: int, lo: int, hi: int, step: int = 1) -> W.IntSli
 
 
 def _panel(controls: dict[str, W.Widget], redraw: Callable[[dict[str, Any]], tuple[str, list]]) -> W.VBox:
-    """Controls on the left, verl's verdict on the right, figures below; ``redraw(values) -> (html, figures)``."""
+    """Controls on the left, verl's verdict on the right, figures below; ``redraw(values) -> (html, figs)``."""
     verdict, plots = W.HTML(), W.Output()
 
     def on_change(_: Any = None) -> None:
         values = {k: c.value for k, c in controls.items()}
         try:
-            text, figures = redraw(values)
+            text, figs = redraw(values)
         except (ConfigError, LengthsError, ValueError, AssertionError) as exc:
-            text, figures = f"<pre>{html.escape(type(exc).__name__ + ': ' + str(exc))}</pre>", []
+            text, figs = f"<pre>{html.escape(type(exc).__name__ + ': ' + str(exc))}</pre>", []
         verdict.value = text
         with plots:
             plots.clear_output(wait=True)
-            for fig in figures:
+            for fig in figs:
                 fig.show()
 
     for c in controls.values():
@@ -100,9 +98,9 @@ def micro_batch_panel(
         dyn_cfg = load_config(overrides=lessons.overrides(dynamic=True, **common), profile=v["profile"])
         lens = lengths_for_config(dyn_cfg, v["lengths"], seed)
         static, dyn = plan(static_cfg, lens), plan(dyn_cfg, lens)
-        figures = []
+        figs = []
         if static.at("old_log_prob"):
-            figures.append(viz.micro_batch_stack(static, "old_log_prob", "tokens"))
+            figs.append(figures.micro_batch_stack(static, "old_log_prob", "tokens"))
         total = v["budget"] * v["sp"]
         head = (
             f"<b>dynamic budget</b> = {v['budget']} × sp {v['sp']} = <b>{total}</b> tokens per DP group "
@@ -110,11 +108,11 @@ def micro_batch_panel(
         )
         if dyn.at("old_log_prob"):
             toks = lessons.trace_micro_tokens(dyn, "old_log_prob")
-            figures.append(viz_balance.stacked_micro(toks, total, "dynamic micro-batches per DP rank"))
-            figures.append(viz_balance.micro_vs_budget(toks, total))
+            figs.append(balance_figures.stacked_micro(toks, total, "dynamic micro-batches per DP rank"))
+            figs.append(balance_figures.micro_vs_budget(toks, total))
             per_rank = lessons.dp_lengths(lens, v["ranks"] // v["sp"], balance=True)
-            figures.append(
-                viz_balance.counts_per_rank(
+            figs.append(
+                balance_figures.counts_per_rank(
                     {
                         "each rank alone (no dp_group)": lessons.micro_counts(
                             per_rank, total, v["profile"], sync=False
@@ -123,7 +121,7 @@ def micro_batch_panel(
                     }
                 )
             )
-        return head + verdict_html(check(dyn_cfg, max_seq_len=max(lens), fixes=False)), figures
+        return head + verdict_html(check(dyn_cfg, max_seq_len=max(lens), fixes=False)), figs
 
     return _panel(controls, redraw)
 
@@ -173,9 +171,9 @@ def balance_panel(
         recs = lessons.dp_records(trace, "balance")
         rank0 = lessons.rank_lengths(trace, lengths_for_config(cfg, v["lengths"], v["seed"]))[0]
         return text, [
-            viz.before_after([r.extra["tokens_before"] for r in recs], [r.tokens for r in recs], "real tokens"),
-            viz_balance.metrics_bars(metrics),
-            viz_balance.rank_rows(rank0),
+            figures.before_after([r.extra["tokens_before"] for r in recs], [r.tokens for r in recs], "real tokens"),
+            balance_figures.metrics_bars(metrics),
+            balance_figures.rank_rows(rank0),
         ]
 
     return _panel(controls, redraw)

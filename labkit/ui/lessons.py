@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.balance import micro_batches as microbatch
 from labkit.balance.balance_batch import balance_batch, calculate_workload
 from labkit.balance.lockstep import free_partitions
+from labkit.balance.micro_batches import plan_dp_micro_batches, rank_plan_steps
 from labkit.config.keys import ARR
 
 
@@ -85,7 +85,7 @@ def micro_counts(
     per_rank: Sequence[Sequence[int]], budget: int, profile: str = "legacy", sync: bool = True
 ) -> list[int]:
     """Dynamic micro-batches per DP rank with the MAX all-reduce (``sync``) or with each rank on its own."""
-    plans = microbatch.plan_dp_micro_batches(per_rank, budget, profile=profile, dp_group=sync)
+    plans = plan_dp_micro_batches(per_rank, budget, profile=profile, dp_group=sync)
     return [p.num_micro_batches for p in plans]
 
 
@@ -128,7 +128,7 @@ class RankOutcome:
 def rank_outcomes(per_rank: Sequence[Sequence[int]], budget: int, profile: str = "legacy") -> list[RankOutcome]:
     """Run every DP rank's dynamic micro-batching in lockstep through the DP all-reduces and record, per rank,
     whether it returns or raises (unlike ``plan_dp_micro_batches``, which stops at the first error)."""
-    steps = [microbatch.rank_plan_steps(lens, budget, profile, None, True, None, None, True, 1) for lens in per_rank]
+    steps = [rank_plan_steps(lens, budget, profile, None, True, None, None, True, 1) for lens in per_rank]
     out = [RankOutcome(r) for r in range(len(per_rank))]
     replies: dict[int, Any] = {r: None for r in range(len(per_rank))}
     while replies:

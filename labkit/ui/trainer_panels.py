@@ -15,8 +15,7 @@ import plotly.graph_objects as go
 from labkit.config.verl_config import VerlConfig
 from labkit.trace import StepTrace
 from labkit.trainer.grpo_trainer import trainer_config
-from labkit.ui import figures as viz
-from labkit.ui import lessons
+from labkit.ui import figures, lessons
 
 RANK_STAGES = ("generate", "balance", "old_log_prob", "ref_log_prob", "update_actor")
 
@@ -137,7 +136,7 @@ def live_step_panel(launcher: str = "auto", lr: float = 1e-3) -> Any:
                 display(W.HTML(timing_table_html(metrics)))
                 token_balance(tr.trace).show()
                 for stage in ("balance", "old_log_prob", "update_actor"):
-                    viz.compare_bars(pred, tr.trace, stage, "tokens").show()
+                    figures.compare_bars(pred, tr.trace, stage, "tokens").show()
             except Exception as exc:  # noqa: BLE001 - show verl's error text in the panel
                 print(f"{type(exc).__name__}: {exc}")
 

@@ -4,8 +4,8 @@
 start-up (``verl/utils/config.py: validate_config``), worker init (legacy ``fsdp_workers.py`` normalisation and
 asserts, or the 0.9.1 ``engine_workers.py`` asserts), and step 1 (agent-loop split, ``_balance_batch``,
 dispatch, micro-batching, mini-batching) — and returns a ``Report``. ``raise_for(cfg)`` raises what verl would
-raise first, with verl's exact message. Rules live in ``validate_rules`` (start-up), ``validate_workers``
-(worker init) and ``validate_step`` (step 1); fixes in ``validate_fixes``.
+raise first, with verl's exact message. Rules live in ``startup`` (start-up), ``worker_init``
+(worker init) and ``first_step`` (step 1); fixes in ``fixes``; the config snapshot in ``snapshot``.
 
 A ``Finding``'s ``fixes`` are alternatives, each one Hydra-style override string (several overrides separated
 by spaces, ``~key`` = back to verl's default) that was re-checked to make the whole config pass.
