@@ -1,8 +1,9 @@
-"""Nothing a local worker group starts listens beyond loopback: the rank-0 rendezvous (TCPStore) and gloo's own
-sockets are on 127.0.0.1. (A Ray that labkit starts still listens on every interface: an open item.)"""
+"""Nothing a worker group starts listens beyond loopback: the rank-0 rendezvous (TCPStore) and gloo's own sockets are on
+127.0.0.1, and so is every process of a Ray that labkit starts (gcs_server, raylet, agents, the rank actors)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -13,6 +14,35 @@ from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    """Whether an ``ss`` local address (``127.0.0.1:80``, ``[::1]:80``, ``[::ffff:127.0.0.1]:80``) is loopback."""
+    host = address.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # "*" or "0.0.0.0": every interface
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def listening(pids: set[int]) -> list[str]:
@@ -29,5 +59,28 @@ def test_a_local_group_listens_on_loopback_only():
     finally:
         wg.close()
     assert addresses, "the ranks' rendezvous and gloo sockets should be listed"
-    wide = [a for a in addresses if not a.startswith(("127.", "[::1]"))]
+    wide = [a for a in addresses if not is_loopback(a)]
+    assert not wide, f"listening beyond loopback: {wide} (all: {addresses})"
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_is_loopback_reads_ss_addresses():
+    assert all(map(is_loopback, ["127.0.0.1:5", "[::1]:5", "[::ffff:127.0.0.1]:5", "127.0.1.1:5"]))
+    assert not any(map(is_loopback, ["*:5", "0.0.0.0:5", "[::]:5", "192.0.2.2:5", "[::ffff:192.0.2.2]:5"]))
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_a_ray_labkit_starts_listens_on_loopback_only():
+    pytest.importorskip("ray")
+    if os.environ.get("RAY_ADDRESS"):
+        pytest.skip("RAY_ADDRESS is set: the cluster is the user's, not one labkit starts")
+    wg = WorkerGroup(DemoWorker, 2, launcher="ray", timeout_s=120)
+    try:
+        pids = descendants(os.getpid())
+        addresses = listening(pids)
+    finally:
+        wg.close()
+    assert len(pids) >= 5, f"expected the driver, gcs_server, raylet and two rank actors: {sorted(pids)}"
+    assert len(addresses) >= 4, f"Ray's gRPC servers should be listed: {addresses}"
+    wide = [a for a in addresses if not is_loopback(a)]
     assert not wide, f"listening beyond loopback: {wide} (all: {addresses})"

@@ -5,7 +5,11 @@ its dashboard agent a hard-coded 15 s to start (ray-project/ray#65983), and `imp
 imports rfc3987_syntax when installed (it builds 38 lark parsers: ~3 s CPU per Ray process). Processes labkit starts
 skip that optional module (set LABKIT_RAY_KEEP_RFC3987=1 to keep it); a failed start is reaped and retried once.
 A Ray labkit starts itself is also trimmed to what a local worker group uses (`_lean_head`): about 40% less
-start-up time on 2 cores."""
+start-up time on 2 cores.
+
+A Ray labkit starts listens on 127.0.0.1 only (`LOOPBACK_ENV`): Ray binds its gRPC servers to loopback when the node's
+address is 127.0.0.1, which ray.init picks on Linux only with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0. A cluster joined
+through RAY_ADDRESS listens as it was started; labkit says so when it joins one."""
 
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 # raylet settings for a Ray labkit starts: no idle Python workers prestarted at start-up (actors get workers of their
 # own anyway; each idle one imports Ray for ~1 CPU-s while the ranks start)
 LEAN_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_num_prestart_python_workers": "0"}  # see _lean_head
+# a Ray labkit starts takes 127.0.0.1 as its node address (ray._private.services.get_node_ip_address), so gcs_server,
+# raylet, the agents and every worker bind to loopback (ray/rpc/grpc_server.cc: listen_to_localhost_only)
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 _RAY_HOST: Any = None
 _LABKIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -143,13 +150,22 @@ def _connect(ray: Any, num_cpus: int) -> None:
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     address = os.environ.get("RAY_ADDRESS")
     if address:
+        print(
+            f"labkit: joining the Ray cluster at RAY_ADDRESS={address}; it listens on the addresses it was started "
+            "with (a Ray labkit starts itself listens on 127.0.0.1 only)",
+            file=sys.stderr,
+        )
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         return
     paths = ([_shim_dir()] if _skip_rfc3987() else []) + [_LABKIT_ROOT]
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *LEAN_ENV)}
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *LEAN_ENV, *LOOPBACK_ENV)}
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     if _lean():
         os.environ.update({k: v for k, v in LEAN_ENV.items() if saved[k] is None})
+    os.environ.update(LOOPBACK_ENV)
+    constants = ray._private.ray_constants
+    cluster_flag = constants.ENABLE_RAY_CLUSTER  # read from the environment when ray was imported
+    constants.ENABLE_RAY_CLUSTER = False
     try:
         for attempt in range(2):
             t0 = time.time()
@@ -163,6 +179,7 @@ def _connect(ray: Any, num_cpus: int) -> None:
                 ray.shutdown()
                 _reap_failed_start(t0)
     finally:
+        constants.ENABLE_RAY_CLUSTER = cluster_flag
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
