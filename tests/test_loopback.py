@@ -9,29 +9,12 @@ import shutil
 import subprocess
 
 import pytest
+from _procs import descendants
 
 from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.slow
-
-
-def descendants(pid: int) -> set[int]:
-    """``pid`` and every process below it (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo.extend(children.get(p, []))
-    return found
 
 
 def is_loopback(address: str) -> bool:

@@ -155,22 +155,20 @@ def _connect(ray: Any, num_cpus: int) -> None:
             "with (a Ray labkit starts itself listens on 127.0.0.1 only)",
             file=sys.stderr,
         )
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        host = address.removeprefix("ray://").rsplit(":", 1)[0]
+        with _loopback_node(ray, enabled=host in ("127.0.0.1", "localhost")):  # a head started on loopback
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         return
     paths = ([_shim_dir()] if _skip_rfc3987() else []) + [_LABKIT_ROOT]
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *LEAN_ENV, *LOOPBACK_ENV)}
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *LEAN_ENV)}
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     if _lean():
         os.environ.update({k: v for k, v in LEAN_ENV.items() if saved[k] is None})
-    os.environ.update(LOOPBACK_ENV)
-    constants = ray._private.ray_constants
-    cluster_flag = constants.ENABLE_RAY_CLUSTER  # read from the environment when ray was imported
-    constants.ENABLE_RAY_CLUSTER = False
     try:
         for attempt in range(2):
             t0 = time.time()
             try:
-                with _lean_head():
+                with _lean_head(), _loopback_node(ray):
                     ray.init(num_cpus=num_cpus, object_store_memory=256 * 2**20, **quiet)
                 return
             except Exception as exc:  # Ray raises a bare Exception when the raylet dies during start-up
@@ -179,12 +177,33 @@ def _connect(ray: Any, num_cpus: int) -> None:
                 ray.shutdown()
                 _reap_failed_start(t0)
     finally:
-        constants.ENABLE_RAY_CLUSTER = cluster_flag
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore_env(saved)
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@contextmanager
+def _loopback_node(ray: Any, enabled: bool = True) -> Iterator[None]:
+    """While ray.init runs, this node's address is 127.0.0.1 (`LOOPBACK_ENV` for the processes it starts; the flag
+    `get_node_ip_address` reads, already read from the environment if ray was imported before, for the driver)."""
+    if not enabled:
+        yield
+        return
+    constants = ray._private.ray_constants
+    saved, flag = {key: os.environ.get(key) for key in LOOPBACK_ENV}, constants.ENABLE_RAY_CLUSTER
+    os.environ.update(LOOPBACK_ENV)
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = flag
+        _restore_env(saved)
 
 
 @contextmanager

@@ -1,0 +1,111 @@
+"""An existing Ray cluster, joined through RAY_ADDRESS: a real `ray start --head` on 127.0.0.1, run as its own cluster,
+takes a worker group and a full GRPO step from a driver labkit runs, and labkit's cleanup (the group's close and the
+driver's exit) leaves the cluster's own processes running. The test then stops the cluster itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from _procs import cmdline, descendants
+
+from labkit.runtime.local_launcher import pid_alive
+from labkit.runtime.ray_launcher import ray_available
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")]
+ROOT = Path(__file__).resolve().parents[1]
+RAY = Path(sys.executable).with_name("ray")
+
+DRIVER = textwrap.dedent(
+    """
+    import json, math
+    from labkit.runtime.demo_worker import DemoWorker
+    from labkit.runtime.ray_launcher import import_ray
+    from labkit.runtime.worker_group import WorkerGroup
+    from labkit.trainer.grpo_trainer import GRPOTrainer
+
+    if __name__ == "__main__":
+        wg = WorkerGroup(DemoWorker, 2, launcher="ray", timeout_s=120)
+        echoed = wg.echo(3)
+        wg.close()
+        tr = GRPOTrainer(launcher="ray", seed=0, progress=False, fixed_prompts=True, timeout_s=240)
+        try:
+            metrics = tr.step()
+        finally:
+            report = tr.close()
+        finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+        print(json.dumps({"echoed": echoed, "metrics_finite": finite, "left_pids": report["left_pids"],
+                          "ray_connected_after_close": import_ray().is_initialized()}))
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _core_pids(head_pid: int) -> set[int]:
+    """The cluster's gcs_server and raylet (below the `ray start --block` process)."""
+    return {p for p in descendants(head_pid) if cmdline(p).split(" ")[0].endswith(("/gcs_server", "/raylet"))}
+
+
+def _status(port: int, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(RAY), "status", f"--address=127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_grpo_step_on_an_existing_ray_cluster_leaves_the_cluster_running():
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="lkray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(
+        [str(RAY), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=4",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while len(_core_pids(head.pid)) < 2 or _status(port, env).returncode != 0:  # gcs_server and raylet are up
+            assert head.poll() is None, f"ray start exited: {head.stderr.read().decode()[-2000:]}"
+            assert time.monotonic() < deadline, "the Ray head did not start in 90 s"
+            time.sleep(1)
+        before = _core_pids(head.pid)
+        out = subprocess.run(
+            [sys.executable, "-c", DRIVER], env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, cwd=ROOT,
+            capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["echoed"] == [{"rank": 0, "x": 3}, {"rank": 1, "x": 3}]
+        assert result["metrics_finite"] and result["left_pids"] == []
+        assert not result["ray_connected_after_close"], "the driver's connection to the cluster is given back"
+        assert "joining the Ray cluster at RAY_ADDRESS=127.0.0.1:" in out.stderr
+        assert len(before) == 2 and all(pid_alive(p) for p in before), "labkit's cleanup stopped the cluster"
+        status = _status(port, env)
+        assert status.returncode == 0 and "CPU" in status.stdout, status.stderr[-2000:]
+    finally:
+        pids = descendants(head.pid)
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
