@@ -30,3 +30,37 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def run_leftovers() -> dict[str, set]:
+    """What a run can leave behind: processes below this one, /dev/shm entries, torch's and multiprocessing's /tmp
+    folders, and this process's open sockets."""
+    tmp = {e for e in os.listdir("/tmp") if e.startswith(("torchelastic_", "pymp-"))}
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            sockets.add(target)
+    return {
+        "processes": descendants(os.getpid()) - {os.getpid()},
+        "dev_shm": set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set(),
+        "tmp": tmp,
+        "sockets": sockets,
+    }
+
+
+def new_leftovers(before: dict[str, set], wait_s: float = 10.0, ignore: dict[str, set] | None = None) -> dict:
+    """What appeared since ``before`` and is still there after up to ``wait_s`` (empty dict: nothing)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = run_leftovers()
+        left = {k: now[k] - before[k] - (ignore or {}).get(k, set()) for k in now}
+        left = {k: v for k, v in left.items() if v}
+        if not left or time.monotonic() > deadline:
+            return {k: {cmdline(p) or p for p in v} if k == "processes" else v for k, v in left.items()}
+        time.sleep(0.2)

@@ -165,6 +165,21 @@ class DemoWorker(Worker):
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)
+    def exit_on(self, rank: int, code: int) -> int:
+        """Rank `rank` leaves at once with `code` (os._exit: no cleanup, no answer), as a crashing extension would."""
+        if self.rank == rank:
+            os._exit(code)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def late_all_reduce(self, late_rank: int, seconds: float) -> float:
+        """Rank `late_rank` sleeps `seconds` before the all_reduce its peers are already waiting in (a fault test kills
+        it meanwhile: its peers are then in the collective)."""
+        if self.rank == late_rank:
+            time.sleep(seconds)
+        return float(dist.all_reduce(torch.ones(1)).item())
+
+    @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
         return self.rank

@@ -22,13 +22,31 @@ from labkit.runtime.rank_host import RankHost, error_envelope, not_ready_envelop
 __all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
 
 
-def pid_alive(pid: int) -> bool:
-    """True while /proc/<pid> exists and is not a zombie."""
+def exit_text(code: int | None) -> str:
+    """How a process ended, from multiprocessing's exitcode (negative: the signal that killed it)."""
+    if code is None:
+        return "died (exit code unknown)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of /proc/<pid>/stat (R running, S sleeping, T stopped, Z zombie...); None when gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while /proc/<pid> exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z")
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> None:
@@ -220,7 +238,8 @@ class LocalLauncher:
             "method": method,
             "exc_type": "RankDied",
             "died": True,
-            "message": f"rank {rank} (pid {self.pids[rank]}) exited with code {code}",
+            "exit_code": code,
+            "message": f"rank {rank} (pid {self.pids[rank]}) {exit_text(code)}",
             "traceback": "",
         }
 

@@ -15,13 +15,16 @@ class WorkerGroupError(RuntimeError):
 class RankError(WorkerGroupError):
     """A rank raised: names the rank and method and carries the remote traceback text."""
 
-    def __init__(self, envelope: dict[str, Any], others: list[dict[str, Any]] | None = None) -> None:
-        self.rank, self.method = envelope["rank"], envelope["method"]
+    def __init__(
+        self, envelope: dict[str, Any], others: list[dict[str, Any]] | None = None, stage: str | None = None
+    ) -> None:
+        self.rank, self.method, self.stage = envelope["rank"], envelope["method"], stage
         self.exc_type, self.remote_message = envelope.get("exc_type"), envelope.get("message", "")
         self.remote_traceback = envelope.get("traceback", "")
         self.collective = (envelope.get("collective") or {}).get("collective")
         self.others = [o["rank"] for o in others or []]
-        text = f"rank {self.rank} failed in {self.method}: {self.exc_type}: {self.remote_message}"
+        where = f"{self.method} (stage {stage})" if stage and stage != self.method else self.method
+        text = f"rank {self.rank} failed in {where}: {self.exc_type}: {self.remote_message}"
         if self.others:
             text += f"\n(also failed: ranks {self.others})"
         if self.remote_traceback:
@@ -37,18 +40,34 @@ class RankDiedError(RankError):
     """A rank's process or actor died during a call."""
 
 
+class RankUnresponsiveError(RankError):
+    """A rank answered neither its call nor a status query while its peers failed in a collective (stopped)."""
+
+
 class CallTimeoutError(WorkerGroupError):
     """Ranks did not answer within timeout_s (outside any collective)."""
 
 
-def root_cause(errors: list[dict[str, Any]]) -> RankError:
-    """The root cause first: a plain exception, then a collective timeout, a death, a rank never heard from; then
-    the lowest rank."""
+def root_cause(errors: list[dict[str, Any]], stage: str | None = None) -> RankError:
+    """The root cause first: a plain exception, then a rank that died or stopped answering, then a collective that
+    failed (peers of a dead rank fail there too: they are its symptom), a rank never heard from; then the lowest rank."""
 
     def order(e: dict) -> tuple:
-        return (3 if e.get("pending") else 2 if e.get("died") else 1 if e.get("collective") else 0, e["rank"])
+        if e.get("pending"):
+            return (3, e["rank"])
+        if e.get("died") or e.get("unresponsive"):
+            return (1, e["rank"])
+        return (2 if e.get("collective") or e.get("pg_error") else 0, e["rank"])
 
     errors = sorted(errors, key=order)
     first, rest = errors[0], errors[1:]
-    cls = RankDiedError if first.get("died") else CollectiveTimeoutError if first.get("collective") else RankError
-    return cls(first, rest)
+    cls = (
+        RankDiedError
+        if first.get("died")
+        else RankUnresponsiveError
+        if first.get("unresponsive")
+        else CollectiveTimeoutError
+        if first.get("collective")
+        else RankError
+    )
+    return cls(first, rest, stage)

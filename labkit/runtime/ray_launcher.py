@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import sys
@@ -272,14 +273,25 @@ def _host_class() -> Any:
 
 
 def _died(rank: int, method: str, exc: BaseException) -> dict[str, Any]:
+    """A dead actor's envelope: its pid and Ray's exit type and detail in one line, Ray's whole text as traceback."""
+    text = str(exc)
+    pid = re.search(r"^\s*pid: (\d+)", text, re.M)
+    exit_type = re.search(r"Worker exit type: (\S+)", text)
+    detail = re.search(r"Worker exit detail: (.*?\.)(?: |$)", text)
+    if exit_type:
+        how = f"its process exited (Ray: {exit_type.group(1)}{': ' + detail.group(1) if detail else ''})"
+        if exit_type.group(1) == "SYSTEM_ERROR":
+            how += "; killed by a signal (SIGKILL, the OOM killer) or crashed"
+    else:
+        how = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
     return {
         "ok": False,
         "rank": rank,
         "method": method,
         "exc_type": "RankDied",
         "died": True,
-        "message": f"rank {rank} actor died: {type(exc).__name__}: {str(exc)[:500]}",
-        "traceback": "",
+        "message": f"rank {rank}{f' (pid {pid.group(1)})' if pid else ''} actor died: {how}",
+        "traceback": text,
     }
 
 

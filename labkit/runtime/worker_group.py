@@ -25,12 +25,13 @@ from labkit.runtime.dispatch import (
     split_for_ranks,
     unpad_output,
 )
-from labkit.runtime.local_launcher import LocalLauncher, check_importable, pid_alive, wait_gone
+from labkit.runtime.local_launcher import LocalLauncher, check_importable, pid_alive, process_state, wait_gone
 from labkit.runtime.rank_errors import (
     CallTimeoutError,
     CollectiveTimeoutError,
     RankDiedError,
     RankError,
+    RankUnresponsiveError,
     WorkerGroupError,
     root_cause,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "RankError",
     "CollectiveTimeoutError",
     "RankDiedError",
+    "RankUnresponsiveError",
     "CallTimeoutError",
     "GRACE_S",
 ]
@@ -295,47 +297,48 @@ class WorkerGroup:
         return future.get() if spec.blocking else future
 
     def _finish(self, fut: LiveFuture) -> Any:
-        results = self._await(fut.handle, fut.ranks, fut.method)
+        results = self._await(fut.handle, fut.ranks, fut.method, fut.stage)
         errors = [results[r] for r in fut.ranks if not results[r]["ok"]]
         if errors:
-            raise root_cause(errors)
+            raise root_cause(errors, fut.stage)
         outputs = [results[r]["value"] for r in fut.ranks]
         self._record(fut, [results[r]["record"] for r in fut.ranks])
         if fut.spec.execute_mode is Execute.RANK_ZERO:
             return outputs[0]
         return unpad_output(fut.collect_fn(self, outputs), fut.pad)
 
-    def _await(self, handle: Any, ranks: list[int], method: str) -> dict[int, dict]:
-        """Wait for every rank; the watchdog names a rank stuck in a collective past its timeout within seconds."""
+    def _await(self, handle: Any, ranks: list[int], method: str, stage: str | None = None) -> dict[int, dict]:
+        """Wait for every rank; the watchdog names a rank stuck in a collective past its timeout within seconds, a
+        rank that died, and one that stopped answering while its peers failed in a collective."""
         t0 = time.monotonic()
         next_watch = t0 + self.collective_timeout_s
         death_seen: float | None = None
+        peers_failed: float | None = None  # when a rank first reported a failed collective
         while True:
             results = self._launcher.poll(handle, 0.1)
             if len(results) == len(ranks):
                 break
             now = time.monotonic()
             pending = [r for r in ranks if r not in results]
-            if death_seen is None and any(e.get("died") for e in results.values()):
+            failed = [e for e in results.values() if not e["ok"]]
+            if death_seen is None and any(e.get("died") for e in failed):
                 death_seen = now
             if death_seen is not None and now - death_seen > GRACE_S:
                 # a rank died: the call cannot complete; report it now rather than wait for peers that keep computing
                 self._broken = "a rank died during a call"
-                raise root_cause(
-                    [e for e in results.values() if not e["ok"]]
-                    + [
-                        {
-                            "ok": False,
-                            "rank": r,
-                            "method": method,
-                            "exc_type": "Abandoned",
-                            "pending": True,
-                            "message": f"rank {r} still running when a peer died",
-                            "traceback": "",
-                        }
-                        for r in pending
-                    ]
-                )
+                raise root_cause(failed + [_abandoned(r, method, "a peer died") for r in pending], stage)
+            if peers_failed is None and any(e.get("collective") or e.get("pg_error") for e in failed):
+                peers_failed = now
+            if peers_failed is not None and now - peers_failed > GRACE_S:
+                # peers gave up on a collective while these ranks never reported: a stopped rank never will
+                silent = self._unresponsive(pending, method, failed)
+                if silent:
+                    self._broken = f"ranks {[e['rank'] for e in silent]} stopped answering"
+                    answering = [r for r in pending if r not in {e["rank"] for e in silent}]
+                    raise root_cause(
+                        failed + silent + [_abandoned(r, method, "a peer failed") for r in answering], stage
+                    )
+                peers_failed = now  # the others still answer: they reach the collective and time out on their own
             if now >= next_watch:
                 next_watch = now + 0.5
                 for rank, st in self._launcher.status(pending, timeout=1.0).items():
@@ -355,7 +358,7 @@ class WorkerGroup:
                             "collective": inf,
                             "traceback": "",
                         }
-                        raise root_cause([env] + [e for e in results.values() if not e["ok"]])
+                        raise root_cause([env] + failed, stage)
             if now - t0 > self.timeout_s:
                 self._broken = f"ranks {pending} did not answer"
                 raise CallTimeoutError(
@@ -367,6 +370,35 @@ class WorkerGroup:
         elif any(e.get("pg_error") for e in results.values()):
             self._broken = "a rank raised inside torch.distributed; its process groups may be out of step"
         return results
+
+    def _unresponsive(self, ranks: list[int], method: str, failed: list[dict]) -> list[dict]:
+        """Envelopes for the ranks that answer no status query (1 s each) after peers failed in a collective."""
+        collectives = sorted({(e.get("collective") or {}).get("collective") or "a collective" for e in failed})
+        out = []
+        for rank, st in self._launcher.status(ranks, timeout=1.0).items():
+            if st is not None:
+                continue
+            pid = self.pids[rank] if rank < len(self.pids) else None
+            state = process_state(pid) if pid else None
+            how = "its process is stopped (state T: SIGSTOP or a debugger)" if state in ("T", "t") else (
+                "stopped, or blocked without releasing Python's GIL"
+            )  # fmt: skip
+            out.append(
+                {
+                    "ok": False,
+                    "rank": rank,
+                    "method": method,
+                    "exc_type": "RankUnresponsive",
+                    "unresponsive": True,
+                    "pid": pid,
+                    "message": (
+                        f"rank {rank} (pid {pid}) answered neither its call nor a status query while its peers failed "
+                        f"in {', '.join(collectives)}: {how}"
+                    ),
+                    "traceback": "",
+                }
+            )
+        return out
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -410,6 +442,19 @@ class WorkerGroup:
                     where="labkit.runtime.worker_group",
                 )
             )
+
+
+def _abandoned(rank: int, method: str, why: str) -> dict[str, Any]:
+    """The envelope of a rank still running when the call was given up (it sorts last among the causes)."""
+    return {
+        "ok": False,
+        "rank": rank,
+        "method": method,
+        "exc_type": "Abandoned",
+        "pending": True,
+        "message": f"rank {rank} still running when {why}",
+        "traceback": "",
+    }
 
 
 def _pick_launcher(launcher: str) -> str:

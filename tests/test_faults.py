@@ -1,0 +1,162 @@
+"""Fault injection on both launchers: each fault ends in an error that names the culprit rank (and how it failed)
+within a bound, and leaves no process, /dev/shm or /tmp entry, or driver socket behind once the group is closed.
+
+Faults: a rank raises; exits with os._exit; is SIGKILLed mid-call and mid-collective; is SIGSTOPped while its peers
+wait in a collective; ranks issue mismatched collectives; a rank hangs in a collective that ignores timeouts; two
+groups at once; create/close cycles; a GRPO step with a rank killed in each stage that runs on the ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from _procs import new_leftovers, run_leftovers
+
+from labkit.runtime import worker_group as controller
+from labkit.runtime.demo_worker import DemoWorker
+from labkit.runtime.ray_launcher import ray_available, start_ray, stop_ray
+from labkit.runtime.worker_group import WorkerGroup
+
+pytestmark = pytest.mark.slow
+COLL_S = 3.0  # every group's collective timeout
+BOUND_S = COLL_S + 2 * controller.GRACE_S + 6  # an error must be raised within this, whatever the fault
+LAUNCHERS = ["local", pytest.param("ray", marks=pytest.mark.skipif(not ray_available(), reason="Ray not installed"))]
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    """One Ray for the module's Ray cases (held, so each group does not restart it), and the local launcher's
+    forkserver started before any baseline (it serves every local group of this driver, and stays by design)."""
+    WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60).close()
+    owned = ray_available() and start_ray(num_cpus=4)
+    yield
+    if owned:
+        stop_ray()
+
+
+@pytest.fixture(params=LAUNCHERS)
+def launcher(request, ray_up):
+    before = run_leftovers()
+    yield request.param
+    assert controller.live_groups() == [], "a test left a worker group open"
+    # Ray's own processes and sockets belong to the module's Ray, not to the group: only the group's are checked there
+    ignore = None if request.param == "local" else {"processes": run_leftovers()["processes"], "sockets": set()}
+    if request.param == "ray":
+        ignore["sockets"] = run_leftovers()["sockets"]
+    assert new_leftovers(before, ignore=ignore) == {}
+
+
+def _group(launcher: str, world_size: int = 3) -> WorkerGroup:
+    return WorkerGroup(DemoWorker, world_size, launcher=launcher, timeout_s=60, collective_timeout_s=COLL_S)
+
+
+def _fails(wg: WorkerGroup, method: str, *args, signal_after: tuple[int, int, float] | None = None):
+    """Call `method`; with `signal_after=(rank, signum, delay)` signal that rank meanwhile. Returns (error, seconds)."""
+    if signal_after:
+        rank, signum, delay = signal_after
+        pid = wg.pids[rank]
+        threading.Timer(delay, os.kill, (pid, signum)).start()
+    t0 = time.monotonic()
+    with pytest.raises(controller.WorkerGroupError) as info:
+        getattr(wg, method)(*args)
+    return info.value, time.monotonic() - t0
+
+
+def test_a_rank_that_raises_is_named_and_the_group_stays_usable(launcher):
+    with _group(launcher) as wg:
+        err, took = _fails(wg, "raise_on", 1)
+        assert isinstance(err, controller.RankError) and err.rank == 1 and err.exc_type == "ValueError", err
+        assert "DemoWorker told to raise on rank 1" in str(err) and took < BOUND_S
+        assert wg.echo(2) == [{"rank": r, "x": 2} for r in range(3)]
+
+
+def test_os_exit_names_the_rank_and_its_exit_code(launcher):
+    with _group(launcher) as wg:
+        err, took = _fails(wg, "exit_on", 2, 7)
+        assert isinstance(err, controller.RankDiedError) and err.rank == 2, err
+        assert took < BOUND_S
+        if launcher == "local":
+            assert "exited with code 7" in str(err)
+
+
+@pytest.mark.parametrize("where", ["mid-call", "mid-collective"])
+def test_sigkill_names_the_dead_rank_not_a_waiting_peer(launcher, where):
+    with _group(launcher) as wg:
+        method, args = ("sleep", (30,)) if where == "mid-call" else ("late_all_reduce", (1, 30))
+        err, took = _fails(wg, method, *args, signal_after=(1, signal.SIGKILL, 1.0))
+        assert isinstance(err, controller.RankDiedError) and err.rank == 1, err
+        assert str(err).startswith(f"rank 1 failed in {method}: RankDied: rank 1 (pid {wg.pids[1]})"), err
+        assert ("was killed by SIGKILL" if launcher == "local" else "killed by a signal") in str(err)
+        assert took < BOUND_S
+
+
+def test_a_stopped_rank_is_named_as_soon_as_its_peers_time_out(launcher):
+    with _group(launcher) as wg:
+        pid = wg.pids[1]
+        try:
+            err, took = _fails(wg, "late_all_reduce", 1, 30, signal_after=(1, signal.SIGSTOP, 0.5))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert isinstance(err, controller.RankUnresponsiveError) and err.rank == 1, err
+        assert "its process is stopped (state T" in str(err) and "all_reduce" in str(err)
+        assert COLL_S < took < BOUND_S, f"took {took:.1f} s: the driver must not wait for timeout_s (60 s)"
+
+
+def test_mismatched_collectives_end_in_a_collective_timeout(launcher):
+    with _group(launcher) as wg:
+        err, took = _fails(wg, "skip_all_reduce", 1)
+        assert isinstance(err, controller.CollectiveTimeoutError) and err.rank in (0, 2), err
+        assert err.collective == "all_reduce" and took < BOUND_S
+
+
+def test_a_hung_rank_is_named_by_the_driver_watchdog(launcher):
+    with _group(launcher) as wg:
+        err, took = _fails(wg, "stuck_in_collective", 1, 60)
+        assert isinstance(err, controller.CollectiveTimeoutError) and err.rank == 1, err
+        assert "driver watchdog: rank 1" in str(err) and took < BOUND_S
+
+
+def test_two_groups_at_once_and_create_close_cycles(launcher):
+    a, b = _group(launcher, 2), _group(launcher, 2)
+    try:
+        assert a.all_reduce_rank() == b.all_reduce_rank() == [1.0, 1.0]
+        a.close()
+        assert b.echo(5) == [{"rank": 0, "x": 5}, {"rank": 1, "x": 5}]
+    finally:
+        a.close()
+        b.close()
+    for _ in range(20 if launcher == "local" else 2):  # a Ray group costs 3-10 s of actor start on 2 cores
+        with _group(launcher, 2) as wg:
+            assert wg.all_reduce_rank() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("stage", ["gen", "old_log_prob", "update_actor"])
+def test_a_grpo_step_names_the_rank_killed_in_each_stage(monkeypatch, stage):
+    from labkit.trainer import grpo_trainer
+
+    WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60).close()  # the forkserver, before the baseline
+    before = run_leftovers()
+    tr = grpo_trainer.GRPOTrainer(
+        launcher="local", seed=0, progress=False, fixed_prompts=True, collective_timeout_s=COLL_S
+    )
+    pid = tr.wg.pids[1]
+    original = grpo_trainer._Progress.stage
+
+    def kill_in(self, name):
+        if name == stage:
+            threading.Timer(0.2, os.kill, (pid, signal.SIGKILL)).start()
+        original(self, name)
+
+    monkeypatch.setattr(grpo_trainer._Progress, "stage", kill_in)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(controller.RankDiedError) as info:
+            tr.step()
+    finally:
+        report = tr.close()
+    assert time.monotonic() - t0 < 60 + BOUND_S
+    assert info.value.rank == 1 and f"(pid {pid}) was killed by SIGKILL" in str(info.value), info.value
+    assert report["left_pids"] == [] and new_leftovers(before) == {}
