@@ -105,6 +105,20 @@ def test_a_stopped_rank_is_named_as_soon_as_its_peers_time_out(launcher):
         assert COLL_S < took < BOUND_S, f"took {took:.1f} s: the driver must not wait for timeout_s (60 s)"
 
 
+def test_a_large_payload_to_a_stopped_rank_times_out_instead_of_blocking_the_driver(launcher):
+    """8 MB per rank is far above a pipe's buffer: the driver used to block in the write, past every timeout."""
+    wg = WorkerGroup(DemoWorker, 2, launcher=launcher, timeout_s=5, collective_timeout_s=COLL_S)
+    try:
+        os.kill(wg.pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(controller.CallTimeoutError, match=r"ranks \[1\] did not answer within 5 s \(stopped"):
+            wg.echo(b"x" * 8_000_000)
+        assert time.monotonic() - t0 < 5 + 6
+    finally:
+        os.kill(wg.pids[1], signal.SIGCONT)
+        wg.close()
+
+
 def test_mismatched_collectives_end_in_a_collective_timeout(launcher):
     with _group(launcher) as wg:
         err, took = _fails(wg, "skip_all_reduce", 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
@@ -72,6 +73,31 @@ def _send(conn: Any, obj: Any) -> None:
 
 def _recv(conn: Any) -> Any:
     return pickle.loads(conn.recv_bytes())
+
+
+class _Outbox:
+    """A rank's inbound pipe written by a thread of its own, in order: a payload larger than the pipe buffer, for a
+    rank busy in an earlier call or stopped, never blocks the driver past its timeouts (the watchdog still runs)."""
+
+    def __init__(self, rank: int, conn: Any, on_error: Any) -> None:
+        self.rank, self.conn, self.on_error = rank, conn, on_error
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="labkit-outbox")
+        self.thread.start()
+
+    def put(self, payload: bytes, call_id: int | None = None) -> None:
+        self.queue.put((payload, call_id))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            payload, call_id = item
+            try:
+                self.conn.send_bytes(payload)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+                self.on_error(self.rank, call_id, exc)
 
 
 def _serve_status(conn: Any, host: RankHost) -> None:
@@ -189,6 +215,8 @@ class LocalLauncher:
         self.world_size = world_size
         self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
+        self._methods: dict[int, str] = {}  # method of each call id (for the envelopes of failed sends)
+        self.outboxes: list[_Outbox] = []
         self._next_id = 0
         if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
             host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
@@ -213,6 +241,7 @@ class LocalLauncher:
             schild.close()
             self.procs.append(proc)
             self.conns.append(parent)
+            self.outboxes.append(_Outbox(len(self.outboxes), parent, self._send_failed))
             self.status_conns.append(sparent)
             self.pids = [p.pid for p in self.procs]
 
@@ -275,13 +304,21 @@ class LocalLauncher:
             rank: _dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts)) for rank in ranks
         }
         for rank in ranks:
-            try:
-                self.conns[rank].send_bytes(payloads[rank])
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                if self.procs[rank].is_alive():  # not a dead peer: a real pickling/pipe problem of this call
-                    raise
-                self._results.setdefault(call_id, {})[rank] = self._dead_envelope(rank, method)
+            self.outboxes[rank].put(payloads[rank], call_id)
+        self._methods[call_id] = method
         return call_id, list(ranks), method
+
+    def _send_failed(self, rank: int, call_id: int | None, exc: BaseException) -> None:
+        """An outbox could not write a call to its rank: a dead rank's envelope, or the pipe error itself."""
+        if call_id is None:
+            return  # a shutdown message: close() kills what does not answer
+        method = self._methods.get(call_id, "?")
+        if not self.procs[rank].is_alive():
+            env = self._dead_envelope(rank, method)
+        else:
+            env = {"ok": False, "rank": rank, "method": method, "exc_type": type(exc).__name__, "traceback": "",
+                   "message": f"the driver could not send the call to rank {rank}: {exc}"}  # fmt: skip
+        self._results.setdefault(call_id, {}).setdefault(rank, env)
 
     def poll(self, handle: tuple[int, list[int], str], timeout: float) -> dict[int, dict]:
         """Envelopes of `handle` that have arrived (a dead rank's envelope says so)."""
@@ -310,12 +347,9 @@ class LocalLauncher:
     def close(self, graceful_s: float = 3.0) -> list[dict]:
         """Ask every rank to destroy its process group, then terminate/kill whatever is still alive."""
         reports: dict[int, dict] = {}
-        for rank, conn in enumerate(self.conns[: len(self.procs)]):  # a spawn that failed partway has fewer
-            try:
-                if self.procs[rank].is_alive():
-                    _send(conn, ("shutdown",))
-            except (OSError, BrokenPipeError):
-                pass
+        for rank, outbox in enumerate(self.outboxes[: len(self.procs)]):  # a spawn that failed partway has fewer
+            if self.procs[rank].is_alive():
+                outbox.put(_dumps(("shutdown",)))
         deadline = time.monotonic() + graceful_s
         for rank, conn in enumerate(self.conns[: len(self.procs)]):
             while rank not in reports and self.procs[rank].is_alive() and time.monotonic() < deadline:
@@ -339,6 +373,8 @@ class LocalLauncher:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        for outbox in self.outboxes:
+            outbox.stop()
         for conn in self.conns + self.status_conns:
             conn.close()
         return [

@@ -361,9 +361,12 @@ class WorkerGroup:
                         raise root_cause([env] + failed, stage)
             if now - t0 > self.timeout_s:
                 self._broken = f"ranks {pending} did not answer"
+                status = self._launcher.status(pending, timeout=1.0)
+                stopped = [r for r in pending if r < len(self.pids) and process_state(self.pids[r] or 0) in ("T", "t")]
                 raise CallTimeoutError(
-                    f"ranks {pending} did not answer within {self.timeout_s:g} s; status: "
-                    f"{self._launcher.status(pending, timeout=1.0)}"
+                    f"ranks {pending} did not answer within {self.timeout_s:g} s"
+                    + (f" (stopped, state T: ranks {stopped})" if stopped else "")
+                    + f"; status: {status}"
                 )
         if any(e.get("collective") or e.get("died") for e in results.values()):
             self._broken = "a rank timed out in a collective or died; its process groups are unusable"
