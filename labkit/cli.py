@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather",
             )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
+            s.add_argument("--model", default="tiny-qwen2", help="model shape for bytes_predicted (labkit memory)")
     doc = "what an error code means: verl's message, exception, where, versions, when, why"
     s = sub.add_parser("explain", help=doc, description=doc)
     s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
@@ -245,6 +246,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     cfg = _config(ns.args, ns.profile)
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
     tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
+    memory_command.fill_trace(tr, cfg, ns.model)
     if ns.json:
         print(tr.to_json())
         return 0

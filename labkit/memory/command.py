@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import gpu, gpu_names, model_names
+from labkit.memory.step_memory import fill_bytes_predicted
 from labkit.memory.verdict import GiB, MemoryReport, memory_report
+from labkit.trace import StepTrace
 
 UNITS = {
     "": 1,
@@ -118,6 +119,10 @@ def run(cfg: VerlConfig, ns: argparse.Namespace) -> int:
     return 0 if rep.first_oom is None else 1
 
 
-def as_json(rep: MemoryReport) -> dict[str, Any]:
-    """The --json document (``MemoryReport.to_dict``)."""
-    return rep.to_dict()
+def fill_trace(tr: StepTrace, cfg: VerlConfig, model: str, gpu_bytes: int | None = None) -> StepTrace:
+    """``labkit plan``: every rank record's ``bytes_predicted`` for ``model`` (an H100 80 GB unless told)."""
+    try:
+        s = MemorySettings.from_config(cfg, model, gpu_bytes or gpu("H100-80GB").memory_bytes)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    return fill_bytes_predicted(tr, cfg, s)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from labkit.memory import terms as t
 from labkit.memory.logprob import logprob_peak_bytes
 from labkit.memory.settings import MemorySettings
+from labkit.memory.shapes import ModelShape
 
 FUSED_CHUNK = 512  # verl FusedLinearForPPO: tokens per chunk of the fused log-prob kernel
 
@@ -120,6 +121,10 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
     return 2 * tokens * v * s.compute_bytes
 
 
+def _mask(s: MemorySettings, tokens: int) -> dict[str, int]:
+    return {"attention_mask": 5 * tokens * tokens} if s.attention == "sdpa" else {}
+
+
 def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     """A forward-only pass (old_log_prob, ref_log_prob, values) under no_grad: one layer at a time, then the head;
     old_log_prob also computes the entropy (verl computes it there in both profiles)."""
@@ -128,7 +133,7 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     hidden = tok * m.hidden_size * b
     vocab = 1 if name == "values" else m.vocab_size
     instants = {
-        "layer_forward": {**base, "activations": t.forward_layer_bytes(m, tok, b)},
+        "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b)},
         "log_prob": {**base, "activations": hidden, **_head(s, tok, vocab)},
     }
     if name == "old_log_prob":
@@ -150,6 +155,8 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         recompute = t.saved_layer_bytes(m, tok, b)
     else:
         saved, recompute = m.num_hidden_layers * t.saved_layer_bytes(m, tok, b), 0
+    # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
+    masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
     vocab = 1 if critic else m.vocab_size
     head = _head(s, tok, vocab)
     fwd = {**base, "activations": saved, **head}
@@ -165,7 +172,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
             "log_softmax": tok * vocab * 4 if full_logits else 0,
             "logits_grad": grad,
         },
-        "backward_layer": {**base, "activations": saved + 2 * recompute, "layer_grads": b * m.layer_param_count()},
+        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": b * m.layer_param_count()},
     }
     p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size
     step = {k: v for k, v in base.items() if k != "gathered_params"}
@@ -173,3 +180,14 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         step["adam_temporaries"] = 4 * p // s.fsdp_world
     instants["optimizer_step"] = step
     return Phase(name, instants, {"tokens": tok, "rows": shape.rows, "checkpointing": ckpt})
+
+
+def hf_generate(m: ModelShape, rows: int, prompt_length: int, new_tokens: int, b: int) -> Phase:
+    """labkit's HF rollout engine (``generate`` with a growing KV cache, no pool): the cache of every row at full
+    length, one layer's K/V copy as the cache grows, and the prefill's layer working set or the per-step logits."""
+    full = rows * (prompt_length + new_tokens)
+    kv = t.kv_bytes_per_token(m, b, 1)
+    grow = kv // m.num_hidden_layers * full
+    prefill = {"kv_cache": kv * rows * prompt_length, "activations": t.forward_layer_bytes(m, rows * prompt_length, b)}
+    decode = {"kv_cache": kv * full, "kv_growth": grow, "logits": rows * m.vocab_size * 4}
+    return Phase("generate", {"prefill": prefill, "decode": decode}, {"rows": rows, "tokens": full})

@@ -78,6 +78,8 @@ class MemorySettings:
     """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
     update_entropy: bool = False
     """actor.calculate_entropy or actor.entropy_coeff ≠ 0: the update computes the entropy too."""
+    attention: str = "flash_attention_2"
+    """The attention kernel: ``flash_attention_2`` (verl on GPUs: varlen, no mask) or ``sdpa`` (a dense mask)."""
     need_ref: bool = False
     """A reference policy exists (KL loss or in-reward KL): ref params and the ref_log_prob phase."""
     need_critic: bool = False

@@ -52,7 +52,7 @@ TERMS: dict[str, Term] = {
         "FSDP's unsharded bf16 root (embedding, norm, LM head) and two decoder layers (running + prefetched)",
     ),
     "activations": Term(
-        "forward: T·b·(2H + max(2q + 2kv, 3I)); update: L·T·H·b with checkpointing, else L·T·(b·(4H+2q+2kv+4I) "
+        "forward: T·b·(3H + max(2q + 2kv, 3I)); update: L·T·H·b with checkpointing, else L·T·(b·(4H+2q+2kv+4I) "
         "+ 8H·[b<4]), plus one layer recomputed in backward",
         (
             f"{M}.enable_gradient_checkpointing",
@@ -80,6 +80,11 @@ TERMS: dict[str, Term] = {
         "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
     ),
     "logits_grad": Term("T·V·(4 + 4 + b·[b<4])", (), "backward of the log-softmax: fp32 grad in and out, bf16 cast"),
+    "attention_mask": Term(
+        "5·T² (sdpa on a packed row; 0 with flash attention)",
+        (f"{M}.use_remove_padding",),
+        "the dense block-diagonal mask sdpa needs for packed sequences: bool and float copies",
+    ),
     "layer_grads": Term("b·P_layer", (), "one unsharded layer's gradient before reduce-scatter"),
     "adam_temporaries": Term("4·P/F", (), "torch AdamW's per-step temporary (sqrt of exp_avg_sq)"),
 }
@@ -104,7 +109,7 @@ def _widths(m: ModelShape) -> tuple[int, int, int, int]:
 def forward_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
     """One decoder layer's working set without grad: the residual and its norm, then attention or the MLP."""
     h, q, kv, i = _widths(m)
-    return tokens * b * (2 * h + max(2 * q + 2 * kv, 3 * i))
+    return tokens * b * (3 * h + max(2 * q + 2 * kv, 3 * i))
 
 
 def saved_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
