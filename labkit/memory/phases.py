@@ -108,6 +108,8 @@ def _head(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
     b = s.compute_bytes
     if s.fused_kernels and vocab > 1:
         return {"logits": logprob_peak_bytes(tokens, vocab, b, FUSED_CHUNK)}
+    if s.logprob_kernel == "flash_attn" and vocab > 1:
+        return {"logits": tokens * vocab * b}
     full = logprob_peak_bytes(tokens, vocab, b)
     return {"logits": tokens * vocab * b, "log_softmax": full - tokens * vocab * b}
 
@@ -162,16 +164,15 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     fwd = {**base, "activations": saved, **head}
     if s.update_entropy and not critic:
         fwd["entropy"] = _entropy(s, tok)
-    full_logits = not (s.fused_kernels and vocab > 1)
-    grad = tok * vocab * (8 + (b if b < 4 else 0)) if full_logits else 2 * head["logits"]
+    if s.fused_kernels and vocab > 1:
+        back = {"logits_grad": 2 * head["logits"]}
+    elif s.logprob_kernel == "flash_attn" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
+        back = {"logits": tok * vocab * b, "logits_grad": tok * vocab * b if s.update_entropy else 0}
+    else:
+        back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
     instants = {
         "forward_head": fwd,
-        "backward_head": {
-            **base,
-            "activations": saved,
-            "log_softmax": tok * vocab * 4 if full_logits else 0,
-            "logits_grad": grad,
-        },
+        "backward_head": {**base, "activations": saved, **back},
         "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": b * m.layer_param_count()},
     }
     p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size
