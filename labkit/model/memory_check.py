@@ -97,8 +97,10 @@ def check_passes(
     seed: int = 0,
     checkpointing: bool = True,
     entropy_chunking: bool = False,
+    new_tokens: int = 8,
 ) -> dict[str, PassCheck]:
-    """Run the three passes once each on the CPU and return measured vs predicted bytes per phase."""
+    """Run the three passes once each on the CPU (``generate`` samples ``new_tokens`` after the prompt) and return
+    measured vs predicted bytes per phase."""
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     shape = model_shape(model)
     s = tiny_settings(shape, gradient_checkpointing=checkpointing, entropy_chunking=entropy_chunking)
@@ -137,11 +139,11 @@ def check_passes(
         net.generate(
             prompts,
             attention_mask=torch.ones_like(prompts),
-            max_new_tokens=response,
-            min_new_tokens=response,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
         )
-    pred = transient_bytes(hf_generate(shape, rows, prompt, response, 4))
-    out["generate"] = PassCheck("generate", rows * (prompt + response), meter.peak_bytes, pred)
+    pred = transient_bytes(hf_generate(shape, rows, prompt, new_tokens, 4))
+    out["generate"] = PassCheck("generate", rows * (prompt + new_tokens), meter.peak_bytes, pred)
     return out
