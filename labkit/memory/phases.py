@@ -123,6 +123,15 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
     return 2 * tokens * v * s.compute_bytes
 
 
+def _gathered(s: MemorySettings) -> int:
+    return t.gathered_params(s.model, s.compute_bytes, s.gathered_layers) if s.fsdp else 0
+
+
+def _layer_grads(s: MemorySettings) -> int:
+    """One layer's unsharded gradient before FSDP reduce-scatters it (a plain module writes .grad directly)."""
+    return s.compute_bytes * s.model.layer_param_count() if s.fsdp else 0
+
+
 def _mask(s: MemorySettings, tokens: int) -> dict[str, int]:
     return {"attention_mask": 5 * tokens * tokens} if s.attention == "sdpa" else {}
 
@@ -131,7 +140,7 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     """A forward-only pass (old_log_prob, ref_log_prob, values) under no_grad: one layer at a time, then the head;
     old_log_prob also computes the entropy (verl computes it there in both profiles)."""
     m, b, tok = s.model, s.compute_bytes, shape.tokens
-    base = {**_residents(s, name), "gathered_params": t.gathered_params(m, b, s.fsdp_world, s.master_bytes)}
+    base = {**_residents(s, name), "gathered_params": _gathered(s)}
     hidden = tok * m.hidden_size * b
     vocab = 1 if name == "values" else m.vocab_size
     instants = {
@@ -150,7 +159,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     m, b, tok = s.model, s.compute_bytes, shape.tokens
     critic = name == "update_critic"
     ckpt = s.critic_gradient_checkpointing if critic else s.gradient_checkpointing
-    base = {**_residents(s, name), "gathered_params": t.gathered_params(m, b, s.fsdp_world, s.master_bytes)}
+    base = {**_residents(s, name), "gathered_params": _gathered(s)}
     layer_in = tok * m.hidden_size * b
     if ckpt:
         saved = layer_in if s.activation_offload and not critic else m.num_hidden_layers * layer_in
@@ -173,7 +182,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     instants = {
         "forward_head": fwd,
         "backward_head": {**base, "activations": saved, **back},
-        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": b * m.layer_param_count()},
+        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
     }
     p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size
     step = {k: v for k, v in base.items() if k != "gathered_params"}

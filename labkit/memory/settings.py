@@ -83,6 +83,10 @@ class MemorySettings:
     place); ``torch``: the fp32 upcast and log-softmax (VERL_DISABLE_FLASH_ATTN_CE=1, CPUs)."""
     attention: str = "flash_attention_2"
     """The attention kernel: ``flash_attention_2`` (verl on GPUs: varlen, no mask) or ``sdpa`` (a dense mask)."""
+    fsdp: bool = True
+    """The models are FSDP-wrapped (verl); False for a plain module (the CPU check): no gathered copies."""
+    gathered_layers: int = 2
+    """Decoder layers FSDP holds unsharded at once: 2 on a GPU (the next one prefetched), 1 on a CPU."""
     need_ref: bool = False
     """A reference policy exists (KL loss or in-reward KL): ref params and the ref_log_prob phase."""
     need_critic: bool = False

@@ -95,11 +95,9 @@ def root_params(m: ModelShape) -> int:
     return m.embedding_param_count() + m.lm_head_param_count() + m.hidden_size
 
 
-def gathered_params(m: ModelShape, b: int, fsdp_world: int, master_bytes: int = 4) -> int:
-    """Unsharded root + two layers in the compute dtype; none when nothing is sharded or cast (one fp32 GPU)."""
-    if fsdp_world == 1 and b == master_bytes:
-        return 0
-    return b * (root_params(m) + 2 * m.layer_param_count())
+def gathered_params(m: ModelShape, b: int, layers: int = 2) -> int:
+    """FSDP's unsharded root and ``layers`` decoder layers in the compute dtype (FSDP2 gathers even on one GPU)."""
+    return b * (root_params(m) + layers * m.layer_param_count())
 
 
 def _widths(m: ModelShape) -> tuple[int, int, int, int]:

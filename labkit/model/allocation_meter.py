@@ -2,7 +2,8 @@
 
 ``with AllocationMeter() as m: ...`` then ``m.peak_bytes`` is the highest sum of live bytes allocated inside the block
 (the blocks allocated before it do not count; those freed inside it count negatively). Exact on CPU (unlike the
-process's RSS, which glibc's heap reuse hides) and on CUDA (allocations, not the caching allocator's reservations).
+process's RSS, which glibc's heap reuse hides); on CUDA it reads the caching allocator's own counters
+(``max_memory_allocated`` above ``memory_allocated`` at entry: allocations, not reservations).
 """
 
 from __future__ import annotations
@@ -21,25 +22,30 @@ class AllocationMeter:
         self.peak_bytes = 0
         self.final_bytes = 0
         self._prof: profile | None = None
+        self._base = 0
 
     def __enter__(self) -> AllocationMeter:
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self._prof = profile(activities=activities, profile_memory=True, record_shapes=False)
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return self
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
         self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated() - self._base
+            self.final_bytes = torch.cuda.memory_allocated() - self._base
+            return
         assert self._prof is not None
         self._prof.__exit__(None, None, None)
-        want = "cuda" if self.device.type == "cuda" else "cpu"
         events = sorted(
             (e.start_ns(), e.nbytes())
             for e in self._prof.profiler.kineto_results.events()
-            if e.name() == "[memory]" and str(e.device_type()).lower().endswith(want)
+            if e.name() == "[memory]" and str(e.device_type()).lower().endswith("cpu")
         )
         live = peak = 0
         for _, nbytes in events:

@@ -43,7 +43,7 @@ def transient_bytes(p: Phase) -> int:
 
 
 def tiny_settings(shape: ModelShape, **over: Any) -> MemorySettings:
-    """One fp32 process, nothing sharded (F = 1, no cast: no gathered copy), no reference, no critic."""
+    """One fp32 process, a plain module (no FSDP: no gathered copies), sdpa, the PyTorch log-softmax."""
     base = dict(
         model=shape,
         gpu_bytes=2**40,
@@ -57,6 +57,8 @@ def tiny_settings(shape: ModelShape, **over: Any) -> MemorySettings:
         master_bytes=4,
         rollout_bytes=4,
         attention="sdpa",
+        logprob_kernel="torch",
+        fsdp=False,
     )
     return MemorySettings(**{**base, **over})
 
