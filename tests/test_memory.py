@@ -247,3 +247,12 @@ def test_known_budget_below_the_longest_sequence():
         for part in f["set"].split(", "):
             if "max_token_len" in part:
                 assert int(part.split("=")[1]) >= 40960, f
+
+
+def test_docs_list_every_term():
+    from pathlib import Path
+
+    from labkit.memory.terms import terms_markdown
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "memory.md").read_text()
+    assert terms_markdown() in page, "docs/memory.md's term table is stale: paste terms_markdown()"

@@ -118,7 +118,7 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
     v = s.model.vocab_size
     if s.fused_kernels:
         return 0
-    if s.entropy_chunking:
+    if s.entropy_chunking and (s.remove_padding or s.profile == "engine"):  # legacy chunks on the rmpad path only
         return 3 * min(tokens, s.entropy_chunk_size) * v * 4
     return 2 * tokens * v * s.compute_bytes
 

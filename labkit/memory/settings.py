@@ -74,6 +74,8 @@ class MemorySettings:
     """actor.entropy_from_logits_with_chunking: entropy temporaries for chunk rows at a time."""
     entropy_chunk_size: int = 2048
     """actor.entropy_from_logits_chunk_size."""
+    remove_padding: bool = True
+    """The actor's use_remove_padding (model. in the engine profile, actor. in legacy)."""
     fused_kernels: bool = False
     """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
     update_entropy: bool = False
@@ -128,6 +130,7 @@ class MemorySettings:
             activation_offload=g(f"{MODEL}.enable_activation_offload"),
             entropy_chunking=g(f"{ACTOR}.entropy_from_logits_with_chunking"),
             entropy_chunk_size=g(f"{ACTOR}.entropy_from_logits_chunk_size"),
+            remove_padding=bool(g(f"{MODEL if cfg.profile == 'engine' else ACTOR}.use_remove_padding")),
             fused_kernels=g(f"{MODEL}.use_fused_kernels"),
             update_entropy=bool(g(f"{ACTOR}.calculate_entropy") or g(f"{ACTOR}.entropy_coeff") != 0),
             need_ref=cfg.need_reference_policy,

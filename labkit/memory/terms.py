@@ -47,9 +47,9 @@ TERMS: dict[str, Term] = {
         "the KV pool; 2·L·⌈kv/tp⌉·b per token, max_model_len tokens per sequence",
     ),
     "gathered_params": Term(
-        "b·(V·H·(2 − tied) + H + 2·P_layer)",
+        "b·(V·H·(2 − tied) + H + n·P_layer), n = 2 on a GPU, 1 on a CPU",
         (f"{A}.fsdp_config.fsdp_size",),
-        "FSDP's unsharded bf16 root (embedding, norm, LM head) and two decoder layers (running + prefetched)",
+        "FSDP's unsharded root (embedding, norm, LM head) and n decoder layers (running + prefetched on a GPU)",
     ),
     "activations": Term(
         "forward: T·b·(3H + max(2q + 2kv, 3I)); update: L·T·H·b with checkpointing, else L·T·(b·(4H+2q+2kv+4I) "
@@ -73,21 +73,39 @@ TERMS: dict[str, Term] = {
         ),
         "a row of logits for every token fed (prompt and padding included on the padded path)",
     ),
-    "log_softmax": Term("T·V·(4·[b<4] + 4)", (f"{M}.use_fused_kernels",), "the fp32 upcast and the fp32 log-softmax"),
+    "log_softmax": Term(
+        "T·V·(4·[b<4] + 4); 0 with flash-attn's cross-entropy kernel (verl's default on GPUs)",
+        (f"{M}.use_fused_kernels",),
+        "the fp32 upcast and the fp32 log-softmax of the PyTorch path",
+    ),
     "entropy": Term(
         "naive 2·T·V·b; chunked 3·min(T, chunk)·V·4",
         (f"{A}.entropy_from_logits_with_chunking", f"{A}.entropy_from_logits_chunk_size", f"{A}.entropy_coeff"),
         "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
     ),
-    "logits_grad": Term("T·V·(4 + 4 + b·[b<4])", (), "backward of the log-softmax: fp32 grad in and out, bf16 cast"),
+    "logits_grad": Term(
+        "PyTorch path T·V·(4 + 4 + b·[b<4]); flash-attn kernel 0 (in place), T·V·b when the entropy is computed",
+        (f"{A}.entropy_coeff",),
+        "the backward of the log-prob head",
+    ),
     "attention_mask": Term(
         "5·T² (sdpa on a packed row; 0 with flash attention)",
         (f"{M}.use_remove_padding",),
         "the dense block-diagonal mask sdpa needs for packed sequences: bool and float copies",
     ),
-    "layer_grads": Term("b·P_layer", (), "one unsharded layer's gradient before reduce-scatter"),
+    "layer_grads": Term("b·P_layer (FSDP only)", (), "one unsharded layer's gradient before reduce-scatter"),
     "adam_temporaries": Term("4·P/F", (), "torch AdamW's per-step temporary (sqrt of exp_avg_sq)"),
+    "kv_growth": Term("2·kv·b per token of one layer", (), "HF generate only: the copy as one layer's cache grows"),
 }
+
+
+def terms_markdown() -> str:
+    """The table of every term for docs/memory.md (a test keeps the page in step with this)."""
+    rows = ["| term | bytes per GPU | what it is | config keys |", "|---|---|---|---|"]
+    for name, term in TERMS.items():
+        keys = ", ".join(f"`{k}`" for k in term.keys) or "—"
+        rows.append(f"| `{name}` | {term.formula} | {term.meaning} | {keys} |")
+    return "\n".join(rows) + "\n"
 
 
 def root_params(m: ModelShape) -> int:
