@@ -10,6 +10,7 @@ workload): only a trace with real lengths shows the micro-batch that overflows i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from labkit.config.keys import ACTOR, REF, ROLLOUT
@@ -131,11 +132,11 @@ def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]
     return out
 
 
-def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings) -> StepTrace:
+def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Sequence[str] | None = None) -> StepTrace:
     """Write each rank record's predicted peak (its own largest micro-batch) into ``bytes_predicted``, in place;
-    generate gets the engine phase, stages without memory of their own stay None."""
+    generate gets the engine phase, stages without memory of their own (or not in ``phases``) stay None."""
     geo = BatchGeometry.from_config(cfg)
-    names = set(phase_names(s))
+    names = set(phase_names(s)) & (set(phases) if phases is not None else set(ORDER))
     gen = generate(s).peak_bytes
     for rec in tr.ranks:
         if rec.stage not in names:
