@@ -107,8 +107,12 @@ def render_text(rep: MemoryReport) -> str:
         mark = "*" if f["step_fits"] else (" " if f["fits"] else "-")
         state = "fits" if f["fits"] else "still OOM"
         lines.append(f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); cost: {f['cost']}")
-    if not rep.fixes:
-        lines.append("  none of the knobs labkit models makes it fit: more GPUs, a larger GPU or a smaller model")
+    lines.append("  (memory only: `labkit check` with a fix tells whether verl accepts the changed config)")
+    if not any(f["step_fits"] for f in rep.fixes):
+        lines.append(
+            "  no single knob labkit models makes the whole step fit: combine fixes, or use more GPUs, a "
+            "larger GPU or a smaller model"
+        )
     return "\n".join(lines)
 
 

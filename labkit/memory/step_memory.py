@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from labkit.config.keys import ACTOR, REF, ROLLOUT
+from labkit.config.keys import ACTOR, KEYS, REF, ROLLOUT
 from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
 from labkit.memory.settings import MemorySettings
 from labkit.rules.geometry import BatchGeometry, ceil_div
@@ -76,8 +76,11 @@ def config_shape(cfg: Any, phase: str) -> tuple[PassShape, str]:
         if cfg.profile == "legacy":
             how += " (legacy: a target, a micro-batch can exceed it; --lengths shows by how much)"
         return PassShape(rows=max(1, tokens // geo.width), tokens=ceil_div(tokens, sp)), how
-    rows = cfg.get(rows_key) or 1
-    rows = min(rows, per_rank)
+    rows = cfg.get(rows_key)
+    deprecated = rows_key.removesuffix("_per_gpu")
+    if rows is None and deprecated in KEYS and cfg.get(deprecated):  # the deprecated global size, normalised by D
+        rows = cfg.get(deprecated) // dp
+    rows = min(max(1, rows or 1), per_rank)
     how = f"static: {rows} rows × width {geo.width:,}" + (f" over {sp} SP ranks" if sp > 1 else "")
     return PassShape(rows=rows, tokens=ceil_div(rows * geo.width, sp)), how
 

@@ -12,7 +12,7 @@ from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
-from labkit.memory.step_memory import PASS_KEYS, step_phases, trace_phases
+from labkit.memory.step_memory import PASS_KEYS, config_shape, step_phases, trace_phases
 
 GiB = 2**30
 
@@ -65,8 +65,10 @@ def _candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[tuple[st
         rows_key, dyn_key, budget_key, sp_key = PASS_KEYS[phase]
         forward_only = not phase.startswith("update")
         if not cfg.get(dyn_key):
-            m = cfg.get(rows_key) or 1
-            tries = [{rows_key: r} for r in (m // 2**k for k in range(1, 12)) if r >= 1]
+            m = config_shape(cfg, phase)[0].rows  # the per-GPU rows, also when a deprecated global size set them
+            deprecated = rows_key.removesuffix("_per_gpu")  # verl refuses both set: drop the global size
+            drop = {deprecated: None} if deprecated in cfg.values and cfg.get(deprecated) is not None else {}
+            tries = [{rows_key: r, **drop} for r in (m // 2**k for k in range(1, 12)) if r >= 1]
             what = (
                 "log-probs unchanged up to bf16 kernel drift" if forward_only else "same gradient (more accumulation)"
             )
@@ -158,7 +160,9 @@ def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig
     new_s = replace(s, **fields) if fields else s
     if keys and any(k.endswith("ulysses_sequence_parallel_size") for k in keys):
         new_s = replace(new_s, actor_sp=new_cfg.get(f"{ACTOR}.ulysses_sequence_parallel_size"))
-    text = ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items())
+    text = ", ".join(
+        f"~{k}" if v is None else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()
+    )
     return new_cfg, new_s, text
 
 
