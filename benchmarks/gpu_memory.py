@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     shape = model_shape(args.model)
     s = MemorySettings(
         model=shape, gpu_bytes=2**40, profile="engine", world_size=1, fsdp_size=-1, actor_sp=1, critic_sp=1,
-        rollout_tp=1, compute_bytes=2 if bf16 else 4, master_bytes=4, attention="sdpa", logprob_kernel="torch",
+        rollout_tp=1, compute_bytes=2 if bf16 else 4, master_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
         gathered_layers=2 if bf16 else 1,
     )  # fmt: skip
     net = _model(args.model, device, bf16)

@@ -47,3 +47,34 @@ def test_live_step_fills_bytes_measured_and_predicted():
         assert [r.bytes_predicted for r in pred.at("old_log_prob")] == [
             r.bytes_predicted for r in tr.trace.at("old_log_prob")
         ]
+
+
+def test_verl_entropy_and_log_prob_allocate_what_the_model_says():
+    """verl 0.9.1's own entropy_from_logits (2·T·V·b), entropy_from_logits_with_chunking (c·V·(4·[b<4] + 8)) and
+    logprobs_from_logits (no T×V temporary), measured by the allocator on the CPU against the model's terms."""
+    from dataclasses import replace
+
+    from verl.utils import torch_functional as verl_F
+
+    from labkit.memory.phases import PassShape, forward_pass
+    from labkit.model.memory_check import tiny_settings
+
+    tokens, vocab, chunk = 1024, 4096, 256
+    shape = replace(model_shape("tiny-qwen2"), vocab_size=vocab)
+    for dtype, b in ((torch.float32, 4), (torch.bfloat16, 2)):
+        logits = torch.randn(tokens, vocab).to(dtype)
+        for chunked in (False, True):
+            s = tiny_settings(shape, compute_bytes=b, entropy_chunking=chunked, entropy_chunk_size=chunk,
+                              logprob_kernel="verl")  # fmt: skip
+            phase = forward_pass(s, "old_log_prob", PassShape(1, tokens))
+            with AllocationMeter() as m:
+                if chunked:
+                    verl_F.entropy_from_logits_with_chunking(logits, chunk_size=chunk)
+                else:
+                    verl_F.entropy_from_logits(logits)
+            predicted = phase.instants["entropy"]["entropy"]
+            assert abs(m.peak_bytes - predicted) <= 0.01 * predicted, (dtype, chunked, m.peak_bytes, predicted)
+        with AllocationMeter() as m:
+            verl_F.logprobs_from_logits(logits, torch.randint(0, vocab, (tokens,)))
+        head = forward_pass(s, "ref_log_prob", PassShape(1, tokens)).instants["log_prob"]
+        assert "log_softmax" not in head and m.peak_bytes < 0.01 * tokens * vocab * b

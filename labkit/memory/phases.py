@@ -108,7 +108,7 @@ def _head(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
     b = s.compute_bytes
     if s.fused_kernels and vocab > 1:
         return {"logits": logprob_peak_bytes(tokens, vocab, b, FUSED_CHUNK)}
-    if s.logprob_kernel == "flash_attn" and vocab > 1:
+    if s.logprob_kernel == "verl" and vocab > 1:
         return {"logits": tokens * vocab * b}
     full = logprob_peak_bytes(tokens, vocab, b)
     return {"logits": tokens * vocab * b, "log_softmax": full - tokens * vocab * b}
@@ -119,7 +119,9 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
     if s.fused_kernels:
         return 0
     if s.entropy_chunking and (s.remove_padding or s.profile == "engine"):  # legacy chunks on the rmpad path only
-        return 3 * min(tokens, s.entropy_chunk_size) * v * 4
+        return (
+            min(tokens, s.entropy_chunk_size) * v * ((4 if s.compute_bytes < 4 else 0) + 8)
+        )  # fp32 copy, softmax, p·z
     return 2 * tokens * v * s.compute_bytes
 
 
@@ -175,7 +177,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         fwd["entropy"] = _entropy(s, tok)
     if s.fused_kernels and vocab > 1:
         back = {"logits_grad": 2 * head["logits"]}
-    elif s.logprob_kernel == "flash_attn" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
+    elif s.logprob_kernel == "verl" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
         back = {"logits": tok * vocab * b, "logits_grad": tok * vocab * b if s.update_entropy else 0}
     else:
         back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}

@@ -80,9 +80,10 @@ class MemorySettings:
     """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
     update_entropy: bool = False
     """actor.calculate_entropy or actor.entropy_coeff ≠ 0: the update computes the entropy too."""
-    logprob_kernel: str = "flash_attn"
-    """``flash_attn``: verl's default on GPUs (flash-attn's Triton cross-entropy, no T×V temporaries, gradient in
-    place); ``torch``: the fp32 upcast and log-softmax (VERL_DISABLE_FLASH_ATTN_CE=1, CPUs)."""
+    logprob_kernel: str = "verl"
+    """``verl``: verl's ``logprobs_from_logits`` (flash-attn's Triton cross-entropy on GPUs, else a row-by-row loop):
+    no T×V temporaries, the gradient in place; ``full_log_softmax``: an fp32 upcast and a full log-softmax (labkit's
+    naive head, the H200 anchor's 2 + 4 + 4 bytes a logit)."""
     attention: str = "flash_attention_2"
     """The attention kernel: ``flash_attention_2`` (verl on GPUs: varlen, no mask) or ``sdpa`` (a dense mask)."""
     fsdp: bool = True

@@ -74,17 +74,17 @@ TERMS: dict[str, Term] = {
         "a row of logits for every token fed (prompt and padding included on the padded path)",
     ),
     "log_softmax": Term(
-        "T·V·(4·[b<4] + 4); 0 with flash-attn's cross-entropy kernel (verl's default on GPUs)",
+        "T·V·(4·[b<4] + 4) for a full log-softmax; 0 with verl's logprobs_from_logits (fused CE or row by row)",
         (f"{M}.use_fused_kernels",),
-        "the fp32 upcast and the fp32 log-softmax of the PyTorch path",
+        "the fp32 upcast and the fp32 log-softmax of a naive head",
     ),
     "entropy": Term(
-        "naive 2·T·V·b; chunked 3·min(T, chunk)·V·4",
+        "naive 2·T·V·b; chunked min(T, chunk)·V·(4·[b<4] + 8)",
         (f"{A}.entropy_from_logits_with_chunking", f"{A}.entropy_from_logits_chunk_size", f"{A}.entropy_coeff"),
         "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
     ),
     "logits_grad": Term(
-        "PyTorch path T·V·(4 + 4 + b·[b<4]); flash-attn kernel 0 (in place), T·V·b when the entropy is computed",
+        "full log-softmax T·V·(4 + 4 + b·[b<4]); verl's 0 (in place), T·V·b when the entropy is computed",
         (f"{A}.entropy_coeff",),
         "the backward of the log-prob head",
     ),

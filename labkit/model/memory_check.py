@@ -57,7 +57,7 @@ def tiny_settings(shape: ModelShape, **over: Any) -> MemorySettings:
         master_bytes=4,
         rollout_bytes=4,
         attention="sdpa",
-        logprob_kernel="torch",
+        logprob_kernel="full_log_softmax",
         fsdp=False,
     )
     return MemorySettings(**{**base, **over})

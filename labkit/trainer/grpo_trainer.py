@@ -73,7 +73,7 @@ def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
     time), sdpa's dense mask, the PyTorch log-softmax, a reference always built; generate runs labkit's own engine,
     so only the FSDP phases are predicted."""
     return MemorySettings.from_config(
-        cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="torch",
+        cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
         gathered_layers=1, need_ref=True, need_critic=False,
     )  # fmt: skip
 
