@@ -256,3 +256,22 @@ def test_docs_list_every_term():
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "memory.md").read_text()
     assert terms_markdown() in page, "docs/memory.md's term table is stale: paste terms_markdown()"
+
+
+def test_the_notebook_panel_answers_within_100_ms():
+    from labkit.memory.command import render_text
+    from labkit.ui import memory_figures
+
+    memory_figures.phase_stack(memory_figures.report_for(USER, "Qwen2.5-7B", "H100-80GB"))  # warm
+    best = float("inf")
+    for model, gpu_name in (("Qwen3-8B", "A100-80GB"), ("Llama-3.1-70B", "H200"), ("Qwen2.5-0.5B", "L40S")):
+        t0 = time.perf_counter()
+        rep = memory_figures.report_for([*USER, "data.max_response_length=4096"], model, gpu_name)
+        memory_figures.phase_stack(rep)
+        render_text(rep)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.1, best
+    box = memory_figures.memory_panel(USER, "Qwen2.5-7B", "H100-80GB")
+    sliders = [w for w in box.children if hasattr(w, "max") and hasattr(w, "description")]
+    assert len(sliders) == len(memory_figures.SLIDERS)
+    sliders[0].value = 4  # a change redraws without raising

@@ -84,7 +84,8 @@ def report_for(overrides: Sequence[str], model: str, gpu_name: str, profile: str
 
 
 def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> Any:
-    """Sliders, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic only)."""
+    """Sliders, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic only).
+    Returns the displayed box (presets, sliders, toggles, output)."""
     import ipywidgets as W
     from IPython.display import display
 
@@ -118,5 +119,6 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
     for w in [*sliders.values(), *toggles.values(), pick_model, pick_gpu]:
         w.observe(redraw, names="value")
     redraw()
-    display(W.VBox([W.HBox([pick_model, pick_gpu]), *sliders.values(), W.HBox(list(toggles.values())), out]))
-    return out
+    box = W.VBox([W.HBox([pick_model, pick_gpu]), *sliders.values(), W.HBox(list(toggles.values())), out])
+    display(box)
+    return box
