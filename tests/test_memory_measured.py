@@ -1,7 +1,8 @@
 """The memory model against the tiny model's real passes on the CPU (allocator events, ``AllocationMeter``):
-forward log-prob within ±10%, update within ±15%; HF generate holds at least the predicted KV cache."""
+forward log-prob within ±10%, update within ±15%; HF generate holds at least the predicted KV cache; verl's own
+entropy and log-prob functions allocate what the terms say. The live 4-rank check (bytes_measured vs
+bytes_predicted per rank) runs in notebooks/07_oom_debugging.ipynb, which the suite executes."""
 
-import pytest
 import torch
 
 from labkit.memory.phases import hf_generate
@@ -26,27 +27,6 @@ def test_tiny_passes_predicted_vs_measured():
     assert 0.85 <= got["update_actor"].ratio <= 1.15, got["update_actor"]
     kv = hf_generate(model_shape("tiny-qwen2"), 8, 24, 8, 4).instants["decode"]["kv_cache"]
     assert got["generate"].measured_bytes >= kv
-
-
-@pytest.mark.slow
-def test_live_step_fills_bytes_measured_and_predicted():
-    """One live GRPO step on 4 CPU ranks with measure_memory: every rank of old_log_prob and update_actor gets the
-    allocator's figure (model states + the call's peak above them) and the prediction. The measurement is at least
-    the predicted model states, and at most 2× the prediction: FSDP2 over gloo keeps all-gather and reduce-scatter
-    buffers (about 4 MiB a rank here) that the GPU model does not count."""
-    from labkit.trainer.grpo_trainer import GRPOTrainer
-
-    with GRPOTrainer(launcher="local", seed=0, progress=False, fixed_prompts=True, measure_memory=True) as tr:
-        tr.step()
-        for stage in ("old_log_prob", "update_actor"):
-            for r in tr.trace.at(stage):
-                assert r.bytes_predicted and r.bytes_measured, (stage, r.rank)
-                assert r.bytes_measured != r.extra["peak_rss_bytes"]
-                assert 0.9 <= r.bytes_measured / r.bytes_predicted <= 2.0, (stage, r.rank, r.bytes_measured)
-        pred = tr.prediction()
-        assert [r.bytes_predicted for r in pred.at("old_log_prob")] == [
-            r.bytes_predicted for r in tr.trace.at("old_log_prob")
-        ]
 
 
 def test_verl_entropy_and_log_prob_allocate_what_the_model_says():
