@@ -205,8 +205,9 @@ def test_known_legacy_budget_is_not_a_cap():
 
 
 def test_known_entropy_over_full_logits_in_old_log_prob():
-    """The old-log-prob recompute OOMed on ~12k-token micro-batches: the entropy over the full [tokens, vocab]
-    logits costs 6-7 GiB more than the log-probs; ref_log_prob (no entropy) fits, and chunked entropy fixes it."""
+    """The old-log-prob recompute (legacy dp_actor) OOMed on ~12k-token micro-batches: the entropy over the full
+    [tokens, vocab] logits costs 6-7 GiB more than the log-probs; ref_log_prob (no entropy) fits, and chunked
+    entropy fixes it."""
     cfg, s = _settings(
         [
             *USER,
@@ -215,8 +216,11 @@ def test_known_entropy_over_full_logits_in_old_log_prob():
             f"{A}.ppo_micro_batch_size_per_gpu=1",
             f"{R}.gpu_memory_utilization=0.4",
             f"{A}.use_kl_loss=true",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=12288",
         ],
         gib=26,
+        profile="legacy",
     )
     rep = memory_report(cfg, s)
     old, ref = rep.phases["old_log_prob"], rep.phases["ref_log_prob"]

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from labkit.config.keys import ACTOR, KEYS, REF, ROLLOUT
+from labkit.config.keys import ACTOR, REF, ROLLOUT
 from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
 from labkit.memory.settings import MemorySettings
+from labkit.plan.context import Ctx
+from labkit.plan.roles import params
+from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import BatchGeometry, ceil_div
 from labkit.trace import RankRecord, StepTrace
 
@@ -63,24 +66,23 @@ def phase_names(s: MemorySettings) -> list[str]:
 
 
 def config_shape(cfg: Any, phase: str) -> tuple[PassShape, str]:
-    """The largest micro-batch of ``phase`` on one GPU from the config alone, and how it was sized."""
-    rows_key, dyn_key, budget_key, sp_key = PASS_KEYS[phase]
+    """The largest micro-batch of ``phase`` on one GPU from the config alone, and how it was sized. The keys each
+    profile reads are the planner's (``labkit.plan.roles.params``: the engine's old log-prob follows
+    actor.use_dynamic_bsz, its critic is dynamic on sp=1, legacy normalises deprecated global sizes)."""
     geo = BatchGeometry.from_config(cfg)
-    sp = max(1, cfg.get(sp_key))
-    dp = max(1, geo.world_size // sp)
-    per_rank = max(1, ceil_div(geo.samples, dp))
-    if cfg.get(dyn_key):
-        budget = cfg.get(budget_key)
-        tokens = min(budget * sp, per_rank * geo.width)
-        how = f"dynamic: budget {budget:,} × sp {sp} over {sp} SP ranks"
+    try:
+        p = params(Ctx(cfg=cfg, geo=geo, dispatch="mesh", lengths=None), phase)
+    except StageFailure:  # a (dp, sp) mesh torch cannot build: verl stops before this pass; size it as sp = 1
+        p = None
+    sp = max(1, p.sp if p is not None else 1)
+    per_rank = max(1, ceil_div(geo.samples, max(1, geo.world_size // sp)))
+    if p is not None and p.dyn and p.budget:
+        tokens = min(p.budget * p.budget_sp, per_rank * geo.width)
+        how = f"dynamic: budget {p.budget:,} × sp {p.budget_sp} over {sp} SP rank{'s' if sp > 1 else ''}"
         if cfg.profile == "legacy":
             how += " (legacy: a target, a micro-batch can exceed it; --lengths shows by how much)"
         return PassShape(rows=max(1, tokens // geo.width), tokens=ceil_div(tokens, sp)), how
-    rows = cfg.get(rows_key)
-    deprecated = rows_key.removesuffix("_per_gpu")
-    if rows is None and deprecated in KEYS and cfg.get(deprecated):  # the deprecated global size, normalised by D
-        rows = cfg.get(deprecated) // dp
-    rows = min(max(1, rows or 1), per_rank)
+    rows = min(max(1, (p.micro if p is not None else None) or 1), per_rank)
     how = f"static: {rows} rows × width {geo.width:,}" + (f" over {sp} SP ranks" if sp > 1 else "")
     return PassShape(rows=rows, tokens=ceil_div(rows * geo.width, sp)), how
 

@@ -75,14 +75,17 @@ def _candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[tuple[st
             out.append((rows_key, tries, f"more micro-batches, more time; {what}"))
         longest = s.max_model_len
         budgets = [b for b in (2**k for k in range(20, 9, -1)) if b >= longest]
-        dyn_keys = [dyn_key] if phase != "update_actor" else [dyn_key, f"{ROLLOUT}.log_prob_use_dynamic_bsz"]
-        tries = [{**{k: True for k in dyn_keys[:1]}, budget_key: b} for b in budgets]
+        # the engine's old log-prob follows actor.use_dynamic_bsz (0.9.1 asserts the two flags agree)
+        engine_old = cfg.profile == "engine" and phase == "old_log_prob"
+        flags = {dyn_key: True, **({f"{ACTOR}.use_dynamic_bsz": True} if engine_old else {})}
+        tries = [{**flags, budget_key: b} for b in budgets]
         out.append(
             (
                 f"{dyn_key}=true + {budget_key}",
                 tries,
                 "token-balanced micro-batches; the budget must be ≥ the "
-                f"longest sequence ({longest:,}); legacy scales the loss per micro-batch",
+                f"longest sequence ({longest:,}); legacy scales the loss per micro-batch"
+                + ("; the engine's update turns dynamic too" if engine_old else ""),
             )
         )
         sp = cfg.get(sp_key)
@@ -213,8 +216,10 @@ def memory_report(
     else:
         from labkit.plan.step import plan
 
+        base = plan(cfg, lengths, seed=seed)  # fixes that change only settings (offload, chunking) reuse it
+
         def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
-            return trace_phases(plan(c, lengths, seed=seed), c, st)
+            return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
 
     phases = evaluate(cfg, s)
     fixes = [f for name, p in phases.items() if _fails(s, p) for f in fixes_for(cfg, s, name, evaluate)]
