@@ -279,3 +279,14 @@ def test_the_notebook_panel_answers_within_100_ms():
     sliders = [w for w in box.children if hasattr(w, "max") and hasattr(w, "description")]
     assert len(sliders) == len(memory_figures.SLIDERS)
     sliders[0].value = 4  # a change redraws without raising
+
+
+def test_gae_step_has_critic_phases_and_critic_offload_never_costs_more():
+    cfg, s = _settings([*USER[:-1], "algorithm.adv_estimator=gae"], model="Qwen2.5-1.5B")
+    rep = memory_report(cfg, s)
+    assert list(rep.phases) == ["generate", "old_log_prob", "values", "update_critic", "update_actor"]
+    off = replace(s, critic_param_offload=True, critic_optimizer_offload=True)
+    for name in ("generate", "old_log_prob", "update_actor"):
+        assert "critic_params" in rep.phases[name].instants[rep.phases[name].peak_instant]
+        assert memory_report(cfg, off).phases[name].peak_bytes < rep.phases[name].peak_bytes, name
+    assert memory_report(cfg, off).phases["update_critic"].peak_bytes == rep.phases["update_critic"].peak_bytes
