@@ -83,6 +83,9 @@ def test_more_rows_or_tokens_never_predict_less_offload_and_checkpointing_never_
 def test_every_term_is_named_and_peaks_are_sums_of_terms():
     code, doc = _memory_json(*USER, "--model", "Qwen2.5-7B", "--gpu-memory", "80GiB")
     assert code == 1 and doc["first_oom"] == "old_log_prob"
+    assert set(doc) == {"phases", "first_oom", "fixes"}
+    assert all(set(p) == {"peak_bytes", "terms"} for p in doc["phases"].values())
+    assert all(isinstance(p["peak_bytes"], int) for p in doc["phases"].values())
     assert list(doc["phases"]) == [p for p in ORDER if p in doc["phases"]]
     for name, phase in doc["phases"].items():
         assert set(phase["terms"]) <= set(TERMS), set(phase["terms"]) - set(TERMS)

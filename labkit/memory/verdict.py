@@ -26,20 +26,19 @@ class MemoryReport:
     first_oom: str | None
     fixes: list[dict[str, Any]]
 
-    def to_dict(self) -> dict[str, Any]:
-        """``{"phases": {NAME: {"peak_bytes", "terms", ...}}, "first_oom": NAME|null, "fixes": [...]}``."""
-        phases = {
-            n: {"peak_bytes": p.peak_bytes, "terms": p.terms, "peak_instant": p.peak_instant, "info": p.info}
-            for n, p in self.phases.items()
-        }
-        return {
-            "model": self.settings.model.name,
-            "gpu_bytes": self.settings.gpu_bytes,
-            "profile": self.settings.profile,
-            "phases": phases,
-            "first_oom": self.first_oom,
-            "fixes": self.fixes,
-        }
+    def to_dict(self, details: bool = False) -> dict[str, Any]:
+        """``{"phases": {NAME: {"peak_bytes": int, "terms": {TERM: bytes}}}, "first_oom": NAME|null, "fixes": [...]}``
+        (``labkit memory --json``); ``details`` adds each phase's peak instant and derived facts, and the model,
+        GPU and profile."""
+        phases: dict[str, dict[str, Any]] = {}
+        for n, p in self.phases.items():
+            phases[n] = {"peak_bytes": p.peak_bytes, "terms": p.terms}
+            if details:
+                phases[n].update(peak_instant=p.peak_instant, info=p.info)
+        out: dict[str, Any] = {"phases": phases, "first_oom": self.first_oom, "fixes": self.fixes}
+        if details:
+            out.update(model=self.settings.model.name, gpu_bytes=self.settings.gpu_bytes, profile=self.settings.profile)
+        return out
 
 
 def _fails(s: MemorySettings, p: Phase) -> bool:
