@@ -21,6 +21,7 @@ from rich.table import Table
 
 from labkit.config.lengths import LengthsError, parse_lengths
 from labkit.config.verl_config import ConfigError, load_config
+from labkit.memory import command as memory_command
 from labkit.trace import RankRecord, StepTrace
 
 
@@ -31,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, doc in (
         ("plan", "what every rank holds at every stage of one training step"),
         ("check", "verl's verdict on a config: exact error, when, the arithmetic, the fixes"),
+        ("memory", memory_command.DOC),
     ):
         s = sub.add_parser(name, help=doc, description=doc)
         s.add_argument(
@@ -45,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
             default="engine",
             help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)",
         )
+        if name == "memory":
+            memory_command.add_arguments(s)
         if name == "plan":
             s.add_argument("--json", action="store_true", help="print StepTrace.to_json() instead of tables")
             s.add_argument(
@@ -59,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather",
             )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
+            s.add_argument("--model", default="tiny-qwen2", help="model shape for bytes_predicted (labkit memory)")
     doc = "what an error code means: verl's message, exception, where, versions, when, why"
     s = sub.add_parser("explain", help=doc, description=doc)
     s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
@@ -241,6 +246,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     cfg = _config(ns.args, ns.profile)
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
     tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
+    memory_command.fill_trace(tr, cfg, ns.model)
     if ns.json:
         print(tr.to_json())
         return 0
@@ -344,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.cmd == "explain":
             return cmd_explain(ns)
+        if ns.cmd == "memory":
+            return memory_command.run(_config(ns.args, ns.profile), ns)
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:
         print(f"labkit: {exc}", file=sys.stderr)

@@ -57,7 +57,7 @@ def test_random_hostile_configs_always_get_an_answer():
         overrides = random_overrides(rng)
         if rng.random() < 0.5:
             overrides += [f"{rng.choice(keys)}={rng.choice(HOSTILE)}" for _ in range(rng.randint(1, 3))]
-        for cmd in ("check", "plan"):
+        for cmd in ("check", "plan", "memory"):
             argv = [cmd, *overrides, "--profile", rng.choice(["legacy", "engine"])]
             code, err, took = answer(argv)
             codes.add(code)

@@ -1,6 +1,8 @@
 """Arithmetic layer: memory (pure arithmetic, no tensors).
 
-Holds the shapes of real models and GPUs as data (``shapes``, from ``data/model_shapes.json`` and ``data/gpus.json``:
-parameter counts per layer, embedding and LM head) and the predicted bytes of the log-prob pass's logits
-(``logprob``). May import: ``labkit.plan`` and everything below it.
+The memory of one RL step per phase and per GPU: model and GPU shapes as data (``shapes``), the config's memory knobs
+(``settings``), every term with its formula and keys (``terms``), the phases (``phases``), a step from the config
+or a trace and ``fill_bytes_predicted`` (``step_memory``), the OOM verdict and its fixes (``verdict``), the
+``labkit memory`` command (``command``), and the log-prob head's bytes (``logprob``). docs/memory.md explains it.
+May import: ``labkit.plan`` and everything below it.
 """

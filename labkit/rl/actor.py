@@ -195,7 +195,7 @@ class ActorWorker(Worker):
     @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs (+ entropys) of this DP rank's rows. Mirrors ActorRolloutRefWorker.compute_log_prob."""
-        lp, ent = self._log_prob(self.model, data, "actor", calculate_entropy=True)
+        lp, ent = self._measured(lambda: self._log_prob(self.model, data, "actor", calculate_entropy=True))
         return DataProto.from_dict(
             tensors={"old_log_probs": lp, "entropys": ent}, meta_info={"temperature": data.meta_info["temperature"]}
         )
@@ -203,7 +203,7 @@ class ActorWorker(Worker):
     @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """ref_log_prob of this DP rank's rows. Mirrors ActorRolloutRefWorker.compute_ref_log_prob."""
-        lp, _ = self._log_prob(self.ref, data, "ref", calculate_entropy=False)
+        lp, _ = self._measured(lambda: self._log_prob(self.ref, data, "ref", calculate_entropy=False))
         return DataProto.from_dict(tensors={"ref_log_prob": lp})
 
     def _temperature(self, data: DataProto) -> float:
@@ -319,4 +319,25 @@ class ActorWorker(Worker):
         TrainingWorker.train_mini_batch + FSDPEngine.forward_backward_batch (engine)."""
         from labkit.rl.actor_update import run_update
 
-        return run_update(self, data)
+        return self._measured(lambda: run_update(self, data))
+
+    def _resident_bytes(self) -> int:
+        """Bytes of this rank's live model states: local shards of actor and ref params, grads, Adam states."""
+        tensors = [p for m in (self.model, self.ref) for p in m.parameters()]
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local if t.numel() > 1)
+
+    def _measured(self, call):
+        """``call()``; with ``measure_memory`` its record gets ``bytes_measured``: the live model states plus the
+        allocator's peak above them during the call."""
+        if not self.s.measure_memory:
+            return call()
+        from labkit.model.allocation_meter import AllocationMeter
+
+        resident = self._resident_bytes()
+        with AllocationMeter() as meter:
+            out = call()
+        self.records[-1]["extra"]["bytes_measured"] = resident + meter.peak_bytes
+        return out

@@ -67,6 +67,7 @@ class ActorSettings:
     model_config: dict | None = None
     seed: int = 0
     chunked_logprob: bool = True
+    measure_memory: bool = False  # each data call's allocator peak (labkit.model.allocation_meter), a few times slower
     extra: dict = field(default_factory=dict)
 
     def with_(self, **changes: Any) -> ActorSettings:

@@ -111,4 +111,5 @@ def attach_records(wg: Any, stage: str, per_rank: list[list[dict]]) -> None:
         rr.mini_batches = list(got["mini_batches"])
         rr.extra["raw_collectives"] = rr.collectives
         rr.extra.update(got["extra"])
+        rr.bytes_measured = got["extra"].get("bytes_measured", rr.bytes_measured)
         rr.collectives = dict(got["collectives"])

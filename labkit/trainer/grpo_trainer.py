@@ -23,6 +23,8 @@ import torch
 from labkit.balance.balance_batch import balance_batch
 from labkit.config.keys import ARR
 from labkit.config.verl_config import VerlConfig, load_config
+from labkit.memory.settings import MemorySettings
+from labkit.memory.step_memory import fill_bytes_predicted
 from labkit.plan.step import plan
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_client, rollout
@@ -61,6 +63,19 @@ def _stats(prefix: str, v: torch.Tensor, nan_if_empty: bool) -> dict[str, float]
     if v.numel() == 0 and nan_if_empty:
         return {f"{prefix}/{k}": float("nan") for k in ("mean", "max", "min")}
     return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+LIVE_MEMORY_PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
+
+
+def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
+    """The memory model of labkit's CPU ranks: the tiny shape in fp32, FSDP2 over W ranks (one layer gathered at a
+    time), sdpa's dense mask, the PyTorch log-softmax, a reference always built; generate runs labkit's own engine,
+    so only the FSDP phases are predicted."""
+    return MemorySettings.from_config(
+        cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
+        gathered_layers=1, need_ref=True, need_critic=False,
+    )  # fmt: skip
 
 
 def data_metrics(
@@ -137,6 +152,7 @@ class GRPOTrainer:
         fixed_prompts: bool = False,
         timeout_s: float = 300.0,
         collective_timeout_s: float = 60.0,
+        measure_memory: bool = False,
     ) -> None:
         self.cfg = trainer_config(cfg)
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
@@ -156,7 +172,9 @@ class GRPOTrainer:
         self.kl_ctrl_in_reward = (
             kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward") else None
         )  # RayPPOTrainer.__init__: core_algos.get_kl_controller
-        self.settings = settings_for(self.cfg).with_(seed=seed, **({} if lr is None else {"lr": float(lr)}))
+        self.settings = settings_for(self.cfg).with_(
+            seed=seed, measure_memory=measure_memory, **({} if lr is None else {"lr": float(lr)})
+        )
         self.global_steps, self.history = 0, []
         self.trace: StepTrace | None = None
         self.lengths: list[int] | None = None
@@ -341,8 +359,10 @@ class GRPOTrainer:
             tr.stages.append(StageRecord(stage, stage, N, "samples", note="driver"))
         for stage, per_rank in mem.items():
             for r in tr.at(stage):
-                r.bytes_measured = per_rank[r.rank]
+                if r.bytes_measured is None:  # no allocator measurement (measure_memory off): the process's peak RSS
+                    r.bytes_measured = per_rank[r.rank]
                 r.extra["peak_rss_bytes"] = per_rank[r.rank]
+        fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
         tr.summary.update(
             metrics=dict(metrics),
             global_step=self.global_steps,
@@ -357,7 +377,8 @@ class GRPOTrainer:
         generation order (the planner balances them itself)."""
         if self.lengths is None:
             raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
-        return plan(self.cfg, lengths=self.lengths)
+        tr = plan(self.cfg, lengths=self.lengths)
+        return fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
 
     def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
         """trace.compare(prediction, live trace) on ``stages`` (those present): [] when they agree."""

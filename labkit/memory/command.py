@@ -1,0 +1,132 @@
+"""``labkit memory``: per phase the peak and its largest terms, the first phase over the GPU, and the fixes.
+
+``labkit.cli`` adds the sub-command with ``add_arguments`` and calls ``run(cfg, ns)``; bad --model / --gpu-memory
+raise ``ConfigError`` (exit 2). Exit 0 when every phase fits, 1 when one does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.memory.settings import MemorySettings
+from labkit.memory.shapes import gpu, gpu_names, model_names
+from labkit.memory.step_memory import fill_bytes_predicted
+from labkit.memory.verdict import GiB, MemoryReport, memory_report
+from labkit.trace import StepTrace
+
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+DOC = "predicted GPU memory per phase of one step, the first phase that OOMs, and the knobs that fix it"
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    """The options of ``labkit memory`` (the config args and --profile come from labkit.cli)."""
+    s.add_argument("--model", default="tiny-qwen2", help=f"model shape: {', '.join(model_names())}")
+    s.add_argument("--gpu-memory", default=None, help="capacity of one GPU, e.g. 80GiB, 141GB (GB = 10^9 bytes)")
+    s.add_argument("--gpu", default=None, help=f"a GPU preset instead: {', '.join(gpu_names())}")
+    s.add_argument("--lengths", default=None, help="a length profile or L1,L2,...: micro-batches from the plan")
+    s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
+
+
+def parse_bytes(text: str) -> int:
+    """``80GiB`` / ``141GB`` / ``85899345920`` as bytes (ConfigError otherwise)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"--gpu-memory: cannot read {text!r}; use e.g. 80GiB, 141GB or a byte count.")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def gpu_bytes_of(ns: argparse.Namespace) -> int:
+    """--gpu-memory, else --gpu's capacity, else an H100 80 GB."""
+    if ns.gpu_memory is not None:
+        return parse_bytes(ns.gpu_memory)
+    try:
+        return gpu(ns.gpu or "H100-80GB").memory_bytes
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+
+
+def report(cfg: VerlConfig, ns: argparse.Namespace) -> MemoryReport:
+    """The report for parsed CLI options (ConfigError for an unknown model)."""
+    try:
+        s = MemorySettings.from_config(cfg, ns.model, gpu_bytes_of(ns))
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    return memory_report(cfg, s, ns.lengths)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def render_text(rep: MemoryReport) -> str:
+    """Per phase: the peak, its share of the GPU, its three largest terms; the verdict; the fixes."""
+    s = rep.settings
+    lines = [f"{s.model.name} on {s.world_size} GPUs of {_gib(s.gpu_bytes)} ({s.profile} profile), per GPU:"]
+    for name, p in rep.phases.items():
+        flag = "OOM" if p.peak_bytes > s.gpu_bytes or p.info.get("engine_error") else "ok"
+        top = ", ".join(f"{k} {_gib(v)}" for k, v in list(p.terms.items())[:3])
+        lines.append(
+            f"  {name:<14} {_gib(p.peak_bytes):>13} {100 * p.peak_bytes / s.gpu_bytes:5.0f}%  {flag:<3}  "
+            f"at {p.peak_instant}: {top}"
+        )
+        if p.info.get("micro_batch"):
+            lines.append(f"  {'':<14} micro-batch: {p.info['micro_batch']}, {p.info['tokens']:,} tokens per GPU")
+        if name == "generate":
+            lines.append(
+                f"  {'':<14} KV pool holds {p.info['sequences_that_fit']:,} sequences of max_model_len "
+                f"{s.max_model_len:,}; {p.info['sequences_in_flight']:,} in flight (max_num_seqs "
+                f"{s.max_num_seqs:,})"
+            )
+            if p.info.get("engine_error"):
+                lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
+    if rep.first_oom is None:
+        lines.append("verdict: every phase fits.")
+        return "\n".join(lines)
+    p = rep.phases[rep.first_oom]
+    over = p.peak_bytes - s.gpu_bytes
+    why = f"exceeds the GPU by {_gib(over)}" if over > 0 else "cannot start its engine"
+    lines.append(
+        f"verdict: {rep.first_oom} is the first phase that OOMs: it {why} (largest term: {next(iter(p.terms))})."
+    )
+    lines.append("fixes (each alone, new predicted peak of that phase; * = the whole step then fits):")
+    for f in rep.fixes:
+        mark = "*" if f["step_fits"] else (" " if f["fits"] else "-")
+        state = "fits" if f["fits"] else "still OOM"
+        lines.append(f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); cost: {f['cost']}")
+    lines.append("  (memory only: `labkit check` with a fix tells whether verl accepts the changed config)")
+    if not any(f["step_fits"] for f in rep.fixes):
+        lines.append(
+            "  no single knob labkit models makes the whole step fit: combine fixes, or use more GPUs, a "
+            "larger GPU or a smaller model"
+        )
+    return "\n".join(lines)
+
+
+def run(cfg: VerlConfig, ns: argparse.Namespace) -> int:
+    """Print the report (text or --json); 0 when the step fits, 1 when a phase OOMs."""
+    rep = report(cfg, ns)
+    print(json.dumps(rep.to_dict()) if ns.json else render_text(rep))
+    return 0 if rep.first_oom is None else 1
+
+
+def fill_trace(tr: StepTrace, cfg: VerlConfig, model: str, gpu_bytes: int | None = None) -> StepTrace:
+    """``labkit plan``: every rank record's ``bytes_predicted`` for ``model`` (an H100 80 GB unless told)."""
+    try:
+        s = MemorySettings.from_config(cfg, model, gpu_bytes or gpu("H100-80GB").memory_bytes)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    return fill_bytes_predicted(tr, cfg, s)

@@ -1,0 +1,205 @@
+"""Per-GPU memory of each phase of one RL step (verl's hybrid engine: actor, rollout, ref and critic share GPUs).
+
+A phase is a set of instants (the layer forward, the log-prob head, the backward, the optimizer step, ...), each a sum
+of named terms (``labkit.memory.terms.TERMS``); its peak is the largest instant, and its terms are that instant's.
+Resident model states follow verl's offload rules (``fsdp_workers.py`` / the FSDP engine): a model's own phase loads
+it, ``*_offload`` moves it to CPU otherwise; a sleeping engine (``free_cache_engine``) frees its share after generate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.memory import terms as t
+from labkit.memory.logprob import logprob_peak_bytes
+from labkit.memory.settings import MemorySettings
+from labkit.memory.shapes import ModelShape
+
+FUSED_CHUNK = 512  # verl FusedLinearForPPO: tokens per chunk of the fused log-prob kernel
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """The largest micro-batch one GPU feeds in a pass: its rows and its tokens (per Ulysses rank, as fed)."""
+
+    rows: int
+    tokens: int
+
+
+@dataclass
+class Phase:
+    """One phase on one GPU: the instants' terms, the peak instant and its bytes; ``info`` holds derived facts."""
+
+    name: str
+    instants: dict[str, dict[str, int]]
+    info: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def peak_instant(self) -> str:
+        return max(self.instants, key=lambda k: sum(self.instants[k].values()))
+
+    @property
+    def terms(self) -> dict[str, int]:
+        """The terms live at the peak, largest first (zero terms left out)."""
+        live = self.instants[self.peak_instant]
+        return dict(sorted(((k, v) for k, v in live.items() if v), key=lambda kv: -kv[1]))
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.instants[self.peak_instant].values())
+
+
+def _residents(s: MemorySettings, phase: str) -> dict[str, int]:
+    """Model states on the GPU during ``phase``: each model's own phase loads it, offload frees it elsewhere."""
+    m, f = s.model, s.fsdp_world
+    p = m.param_count()
+    pc = p - m.lm_head_param_count() + m.hidden_size  # critic: value head H×1 instead of the LM head
+    actor_phase = phase in ("old_log_prob", "update_actor")
+    on_gpu = not s.offload_policy
+    out = {
+        "params": s.master_bytes * p // f if on_gpu and (actor_phase or not s.param_offload) else 0,
+        "optimizer": 8 * p // f if on_gpu and (phase == "update_actor" or not s.optimizer_offload) else 0,
+        "grads": 4 * p // f if on_gpu and phase == "update_actor" else 0,
+    }
+    if s.need_ref:
+        out["ref_params"] = s.master_bytes * p // f if phase == "ref_log_prob" or not s.ref_param_offload else 0
+    if s.need_critic:
+        critic_phase = phase in ("values", "update_critic")
+        out["critic_params"] = s.master_bytes * pc // f if critic_phase or not s.critic_param_offload else 0
+        out["critic_optimizer"] = 8 * pc // f if phase == "update_critic" or not s.critic_optimizer_offload else 0
+        out["critic_grads"] = 4 * pc // f if phase == "update_critic" else 0
+    if phase != "generate" and not s.free_cache_engine:
+        out["rollout_share"] = int(s.gpu_memory_utilization * s.gpu_bytes)
+    return out
+
+
+def generate(s: MemorySettings) -> Phase:
+    """The rollout: residents plus the engine's share u·C = weights + profiling activations + the KV pool."""
+    m, b, tp = s.model, s.rollout_bytes, s.rollout_tp
+    share = int(s.gpu_memory_utilization * s.gpu_bytes)
+    weights = b * m.param_count() // tp
+    acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
+    kv = share - weights - acts
+    per_token = t.kv_bytes_per_token(m, b, tp)
+    fit = max(kv, 0) // (per_token * s.max_model_len)
+    info = {
+        "engine_share_bytes": share,
+        "kv_bytes_per_token": per_token,
+        "sequences_that_fit": fit,
+        "sequences_in_flight": min(fit, s.max_num_seqs),
+        "engine_error": None,
+    }
+    if kv <= 0:
+        info["engine_error"] = (
+            f"no memory for the KV cache: u·C = {share / 2**30:.1f} GiB does not cover the engine's weights and "
+            f"activations ({(weights + acts) / 2**30:.1f} GiB); raise gpu_memory_utilization or rollout TP"
+        )
+    elif fit < 1:
+        info["engine_error"] = (
+            f"the KV pool ({kv / 2**30:.2f} GiB) holds {kv // per_token:,} tokens, fewer than max_model_len "
+            f"{s.max_model_len:,}; raise gpu_memory_utilization or rollout TP"
+        )
+    engine = {"rollout_weights": weights, "rollout_activations": acts, "kv_cache": max(kv, 0)}
+    return Phase("generate", {"engine": {**_residents(s, "generate"), **engine}}, info)
+
+
+def _head(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
+    """The log-prob head: logits in the compute dtype, their fp32 upcast and log-softmax (fused: per chunk)."""
+    b = s.compute_bytes
+    if s.fused_kernels and vocab > 1:
+        return {"logits": logprob_peak_bytes(tokens, vocab, b, FUSED_CHUNK)}
+    if s.logprob_kernel == "verl" and vocab > 1:
+        return {"logits": tokens * vocab * b}
+    full = logprob_peak_bytes(tokens, vocab, b)
+    return {"logits": tokens * vocab * b, "log_softmax": full - tokens * vocab * b}
+
+
+def _entropy(s: MemorySettings, tokens: int) -> int:
+    v = s.model.vocab_size
+    if s.fused_kernels:
+        return 0
+    if s.entropy_chunking and (s.remove_padding or s.profile == "engine"):  # legacy chunks on the rmpad path only
+        return (
+            min(tokens, s.entropy_chunk_size) * v * ((4 if s.compute_bytes < 4 else 0) + 8)
+        )  # fp32 copy, softmax, p·z
+    return 2 * tokens * v * s.compute_bytes
+
+
+def _gathered(s: MemorySettings) -> int:
+    return t.gathered_params(s.model, s.compute_bytes, s.gathered_layers) if s.fsdp else 0
+
+
+def _layer_grads(s: MemorySettings) -> int:
+    """One layer's unsharded gradient before FSDP reduce-scatters it (a plain module writes .grad directly)."""
+    return s.compute_bytes * s.model.layer_param_count() if s.fsdp else 0
+
+
+def _mask(s: MemorySettings, tokens: int) -> dict[str, int]:
+    return {"attention_mask": 5 * tokens * tokens} if s.attention == "sdpa" else {}
+
+
+def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
+    """A forward-only pass (old_log_prob, ref_log_prob, values) under no_grad: one layer at a time, then the head;
+    old_log_prob also computes the entropy (verl computes it there in both profiles)."""
+    m, b, tok = s.model, s.compute_bytes, shape.tokens
+    base = {**_residents(s, name), "gathered_params": _gathered(s)}
+    hidden = tok * m.hidden_size * b
+    vocab = 1 if name == "values" else m.vocab_size
+    instants = {
+        "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b)},
+        "log_prob": {**base, "activations": hidden, **_head(s, tok, vocab)},
+    }
+    if name == "old_log_prob":
+        logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b}
+        instants["entropy"] = {**base, "activations": hidden, **logits, "entropy": _entropy(s, tok)}
+    return Phase(name, instants, {"tokens": tok, "rows": shape.rows})
+
+
+def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
+    """A training micro-batch (update_actor, update_critic): saved activations, the head and its backward, one layer
+    recomputed in backward, then the optimizer step with every state on the GPU."""
+    m, b, tok = s.model, s.compute_bytes, shape.tokens
+    critic = name == "update_critic"
+    ckpt = s.critic_gradient_checkpointing if critic else s.gradient_checkpointing
+    base = {**_residents(s, name), "gathered_params": _gathered(s)}
+    layer_in = tok * m.hidden_size * b
+    if ckpt:
+        saved = layer_in if s.activation_offload and not critic else m.num_hidden_layers * layer_in
+        recompute = t.saved_layer_bytes(m, tok, b)
+    else:
+        saved, recompute = m.num_hidden_layers * t.saved_layer_bytes(m, tok, b), 0
+    # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
+    masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
+    vocab = 1 if critic else m.vocab_size
+    head = _head(s, tok, vocab)
+    fwd = {**base, "activations": saved, **head}
+    if s.update_entropy and not critic:
+        fwd["entropy"] = _entropy(s, tok)
+    if s.fused_kernels and vocab > 1:
+        back = {"logits_grad": 2 * head["logits"]}
+    elif s.logprob_kernel == "verl" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
+        back = {"logits": tok * vocab * b, "logits_grad": tok * vocab * b if s.update_entropy else 0}
+    else:
+        back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
+    instants = {
+        "forward_head": fwd,
+        "backward_head": {**base, "activations": saved, **back},
+        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
+    }
+    p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size
+    step = {k: v for k, v in base.items() if k != "gathered_params"}
+    if not s.offload_policy or critic:
+        step["adam_temporaries"] = 4 * p // s.fsdp_world
+    instants["optimizer_step"] = step
+    return Phase(name, instants, {"tokens": tok, "rows": shape.rows, "checkpointing": ckpt})
+
+
+def hf_generate(m: ModelShape, rows: int, prompt_length: int, new_tokens: int, b: int) -> Phase:
+    """labkit's HF rollout engine (``generate`` with a growing KV cache, no pool): the cache of every row at full
+    length, one layer's K/V copy as the cache grows, and the prefill's layer working set or the per-step logits."""
+    full = rows * (prompt_length + new_tokens)
+    kv = t.kv_bytes_per_token(m, b, 1)
+    grow = kv // m.num_hidden_layers * full
+    prefill = {"kv_cache": kv * rows * prompt_length, "activations": t.forward_layer_bytes(m, rows * prompt_length, b)}
+    decode = {"kv_cache": kv * full, "kv_growth": grow, "logits": rows * m.vocab_size * 4}
+    return Phase("generate", {"prefill": prefill, "decode": decode}, {"rows": rows, "tokens": full})

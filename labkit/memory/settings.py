@@ -1,0 +1,141 @@
+"""What the memory model reads from a config: every knob that moves a byte on a GPU, once, with its verl key.
+
+``MemorySettings.from_config(cfg, model, gpu_bytes)`` resolves the keys (per profile) into plain numbers; the phase
+arithmetic (``labkit.memory.phases``) never touches the config again, so a fix ("what if param_offload=True?") is a
+``dataclasses.replace`` of these settings, not a new plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
+from labkit.memory.shapes import ModelShape, model_shape
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The per-GPU memory knobs of one config (verl's names; the key each comes from is in its docstring)."""
+
+    model: ModelShape
+    """The decoder's shapes (``--model``; ``labkit.memory.shapes``)."""
+    gpu_bytes: int
+    """C, the capacity of one GPU (``--gpu-memory`` or a GPU of ``data/gpus.json``)."""
+    profile: str
+    """``legacy`` | ``engine``."""
+    world_size: int
+    """W = trainer.n_gpus_per_node × trainer.nnodes."""
+    fsdp_size: int
+    """F, the FSDP shard group: actor.fsdp_config.fsdp_size, −1 meaning all W GPUs."""
+    actor_sp: int
+    """actor.ulysses_sequence_parallel_size."""
+    critic_sp: int
+    """critic.ulysses_sequence_parallel_size."""
+    rollout_tp: int
+    """rollout.tensor_model_parallel_size: the engine's weights and KV heads are split over it."""
+    compute_bytes: int = 2
+    """b, bytes of the compute dtype: FSDP mixed_precision.param_dtype bf16 (2); 4 for the fp32 tiny model on CPU."""
+    master_bytes: int = 4
+    """Bytes of a sharded parameter: fsdp_config.model_dtype fp32 (actor, ref and critic alike)."""
+    rollout_bytes: int = 2
+    """Bytes of an engine weight and KV entry: rollout.dtype bfloat16."""
+    gpu_memory_utilization: float = 0.5
+    """u, rollout.gpu_memory_utilization: the share of C the engine claims (weights + activations + KV pool)."""
+    free_cache_engine: bool = True
+    """rollout.free_cache_engine: the engine sleeps after generate, its share is free for training."""
+    max_num_seqs: int = 256
+    """rollout.max_num_seqs: sequences the engine schedules at once (legacy default 1024)."""
+    max_num_batched_tokens: int = 8192
+    """rollout.max_num_batched_tokens: tokens of the engine's profiling forward."""
+    max_model_len: int = 1024
+    """rollout.prompt_length + rollout.response_length: the longest sequence the KV pool must hold."""
+    param_offload: bool = False
+    """actor.fsdp_config.param_offload: actor params on CPU outside old_log_prob and update_actor."""
+    optimizer_offload: bool = False
+    """actor.fsdp_config.optimizer_offload: Adam states on CPU outside update_actor."""
+    offload_policy: bool = False
+    """actor.fsdp_config.offload_policy: FSDP2 CPUOffloadPolicy, params, grads and Adam always on CPU."""
+    ref_param_offload: bool = False
+    """ref.fsdp_config.param_offload: reference params on CPU outside ref_log_prob."""
+    critic_param_offload: bool = False
+    """critic (model.)fsdp(_config).param_offload."""
+    critic_optimizer_offload: bool = False
+    """critic (model.)fsdp(_config).optimizer_offload."""
+    gradient_checkpointing: bool = True
+    """model.enable_gradient_checkpointing: only each layer's input is kept for backward."""
+    critic_gradient_checkpointing: bool = True
+    """critic.model.enable_gradient_checkpointing."""
+    activation_offload: bool = False
+    """model.enable_activation_offload: the checkpointed layer inputs wait on CPU."""
+    entropy_chunking: bool = False
+    """actor.entropy_from_logits_with_chunking: entropy temporaries for chunk rows at a time."""
+    entropy_chunk_size: int = 2048
+    """actor.entropy_from_logits_chunk_size."""
+    remove_padding: bool = True
+    """The actor's use_remove_padding (model. in the engine profile, actor. in legacy)."""
+    fused_kernels: bool = False
+    """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
+    update_entropy: bool = False
+    """actor.calculate_entropy or actor.entropy_coeff ≠ 0: the update computes the entropy too."""
+    logprob_kernel: str = "verl"
+    """``verl``: verl's ``logprobs_from_logits`` (flash-attn's Triton cross-entropy on GPUs, else a row-by-row loop):
+    no T×V temporaries, the gradient in place; ``full_log_softmax``: an fp32 upcast and a full log-softmax (labkit's
+    naive head, the H200 anchor's 2 + 4 + 4 bytes a logit)."""
+    attention: str = "flash_attention_2"
+    """The attention kernel: ``flash_attention_2`` (verl on GPUs: varlen, no mask) or ``sdpa`` (a dense mask)."""
+    fsdp: bool = True
+    """The models are FSDP-wrapped (verl); False for a plain module (the CPU check): no gathered copies."""
+    gathered_layers: int = 2
+    """Decoder layers FSDP holds unsharded at once: 2 on a GPU (the next one prefetched), 1 on a CPU."""
+    need_ref: bool = False
+    """A reference policy exists (KL loss or in-reward KL): ref params and the ref_log_prob phase."""
+    need_critic: bool = False
+    """A critic exists (GAE): critic params, values and update_critic."""
+
+    @property
+    def fsdp_world(self) -> int:
+        """F: the GPUs one parameter is sharded over."""
+        return self.world_size if self.fsdp_size in (-1, None) or self.fsdp_size <= 0 else self.fsdp_size
+
+    @classmethod
+    def from_config(cls, cfg: Any, model: str | ModelShape, gpu_bytes: int, **over: Any) -> MemorySettings:
+        """Read every memory knob of ``cfg`` (a ``VerlConfig``); ``over`` replaces fields (e.g. compute_bytes=4)."""
+        g = cfg.get
+        shape = model if isinstance(model, ModelShape) else model_shape(model)
+        critic = "critic.model.fsdp_config" if cfg.profile == "legacy" else "critic.fsdp"
+        values = dict(
+            model=shape,
+            gpu_bytes=int(gpu_bytes),
+            profile=cfg.profile,
+            world_size=cfg.n_gpus,
+            fsdp_size=g(f"{ACTOR}.fsdp_config.fsdp_size"),
+            actor_sp=g(f"{ACTOR}.ulysses_sequence_parallel_size"),
+            critic_sp=g("critic.ulysses_sequence_parallel_size"),
+            rollout_tp=g(f"{ROLLOUT}.tensor_model_parallel_size"),
+            gpu_memory_utilization=g(f"{ROLLOUT}.gpu_memory_utilization"),
+            free_cache_engine=g(f"{ROLLOUT}.free_cache_engine"),
+            max_num_seqs=g(f"{ROLLOUT}.max_num_seqs"),
+            max_num_batched_tokens=g(f"{ROLLOUT}.max_num_batched_tokens"),
+            max_model_len=g(f"{ROLLOUT}.prompt_length") + g(f"{ROLLOUT}.response_length"),
+            param_offload=g(f"{ACTOR}.fsdp_config.param_offload"),
+            optimizer_offload=g(f"{ACTOR}.fsdp_config.optimizer_offload"),
+            offload_policy=g(f"{ACTOR}.fsdp_config.offload_policy"),
+            ref_param_offload=g(f"{REF}.fsdp_config.param_offload"),
+            critic_param_offload=g(f"{critic}.param_offload"),
+            critic_optimizer_offload=g(f"{critic}.optimizer_offload"),
+            gradient_checkpointing=g(f"{MODEL}.enable_gradient_checkpointing"),
+            critic_gradient_checkpointing=g("critic.model.enable_gradient_checkpointing"),
+            activation_offload=g(f"{MODEL}.enable_activation_offload"),
+            entropy_chunking=g(f"{ACTOR}.entropy_from_logits_with_chunking"),
+            entropy_chunk_size=g(f"{ACTOR}.entropy_from_logits_chunk_size"),
+            remove_padding=bool(g(f"{MODEL if cfg.profile == 'engine' else ACTOR}.use_remove_padding")),
+            fused_kernels=g(f"{MODEL}.use_fused_kernels"),
+            update_entropy=bool(g(f"{ACTOR}.calculate_entropy") or g(f"{ACTOR}.entropy_coeff") != 0),
+            need_ref=cfg.need_reference_policy,
+            need_critic=cfg.need_critic,
+        )
+        values.update(over)
+        return cls(**values)

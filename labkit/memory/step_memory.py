@@ -1,0 +1,155 @@
+"""The memory of a whole step, per phase and per GPU: micro-batch shapes from the config (worst case, every sample
+at full width) or from a planned/live ``StepTrace`` (the real tokens of every micro-batch), and
+``fill_bytes_predicted`` that writes each rank record's peak into the trace.
+
+Static micro-batches count rows × padded width (packed: the real tokens); dynamic ones the token budget × SP, split
+over the SP ranks, so a GPU feeds at most the budget (``verl/workers/engine/utils.py: prepare_micro_batches``:
+``max_token_len = max_token_len_per_gpu * sp``). The legacy budget is a target, not a cap (Karmarkar-Karp balances
+workload): only a trace with real lengths shows the micro-batch that overflows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from labkit.config.keys import ACTOR, REF, ROLLOUT
+from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
+from labkit.memory.settings import MemorySettings
+from labkit.plan.context import Ctx
+from labkit.plan.roles import params
+from labkit.rules.failures import StageFailure
+from labkit.rules.geometry import BatchGeometry, ceil_div
+from labkit.trace import RankRecord, StepTrace
+
+# phase -> (rows per micro-batch key, dynamic flag key, token budget key, SP key)
+PASS_KEYS: dict[str, tuple[str, str, str, str]] = {
+    "old_log_prob": (
+        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+        f"{ROLLOUT}.log_prob_use_dynamic_bsz",
+        f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        f"{ACTOR}.ulysses_sequence_parallel_size",
+    ),
+    "ref_log_prob": (
+        f"{REF}.log_prob_micro_batch_size_per_gpu",
+        f"{REF}.log_prob_use_dynamic_bsz",
+        f"{REF}.log_prob_max_token_len_per_gpu",
+        f"{REF}.ulysses_sequence_parallel_size",
+    ),
+    "values": (
+        "critic.forward_micro_batch_size_per_gpu",
+        "critic.use_dynamic_bsz",
+        "critic.forward_max_token_len_per_gpu",
+        "critic.ulysses_sequence_parallel_size",
+    ),
+    "update_critic": (
+        "critic.ppo_micro_batch_size_per_gpu",
+        "critic.use_dynamic_bsz",
+        "critic.ppo_max_token_len_per_gpu",
+        "critic.ulysses_sequence_parallel_size",
+    ),
+    "update_actor": (
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+        f"{ACTOR}.use_dynamic_bsz",
+        f"{ACTOR}.ppo_max_token_len_per_gpu",
+        f"{ACTOR}.ulysses_sequence_parallel_size",
+    ),
+}
+ORDER = ("generate", "old_log_prob", "ref_log_prob", "values", "update_critic", "update_actor")
+
+
+def phase_names(s: MemorySettings) -> list[str]:
+    """The phases of this step, in the order of ``RayPPOTrainer.fit`` (the trace's stage names)."""
+    skip = {"ref_log_prob"} if not s.need_ref else set()
+    skip |= {"values", "update_critic"} if not s.need_critic else set()
+    return [p for p in ORDER if p not in skip]
+
+
+def config_shape(cfg: Any, phase: str) -> tuple[PassShape, str]:
+    """The largest micro-batch of ``phase`` on one GPU from the config alone, and how it was sized. The keys each
+    profile reads are the planner's (``labkit.plan.roles.params``: the engine's old log-prob follows
+    actor.use_dynamic_bsz, its critic is dynamic on sp=1, legacy normalises deprecated global sizes)."""
+    geo = BatchGeometry.from_config(cfg)
+    try:
+        p = params(Ctx(cfg=cfg, geo=geo, dispatch="mesh", lengths=None), phase)
+    except StageFailure:  # a (dp, sp) mesh torch cannot build: verl stops before this pass; size it as sp = 1
+        p = None
+    sp = max(1, p.sp if p is not None else 1)
+    per_rank = max(1, ceil_div(geo.samples, max(1, geo.world_size // sp)))
+    if p is not None and p.dyn and p.budget:
+        tokens = min(p.budget * p.budget_sp, per_rank * geo.width)
+        how = f"dynamic: budget {p.budget:,} × sp {p.budget_sp} over {sp} SP rank{'s' if sp > 1 else ''}"
+        if cfg.profile == "legacy":
+            how += " (legacy: a target, a micro-batch can exceed it; --lengths shows by how much)"
+        return PassShape(rows=max(1, tokens // geo.width), tokens=ceil_div(tokens, sp)), how
+    rows = min(max(1, (p.micro if p is not None else None) or 1), per_rank)
+    how = f"static: {rows} rows × width {geo.width:,}" + (f" over {sp} SP ranks" if sp > 1 else "")
+    return PassShape(rows=rows, tokens=ceil_div(rows * geo.width, sp)), how
+
+
+def record_shape(rec: RankRecord, width: int, sp: int) -> PassShape | None:
+    """The largest micro-batch a rank record holds (tokens as fed, per SP rank); None without micro-batches."""
+    best: PassShape | None = None
+    for mb in rec.micro_batches:
+        fed = mb.padded_tokens if mb.padded_tokens is not None else mb.tokens
+        fed = mb.rows * width if fed is None else fed
+        shape = PassShape(rows=mb.rows, tokens=ceil_div(fed, sp))
+        if best is None or shape.tokens > best.tokens:
+            best = shape
+    return best
+
+
+def phase_of(s: MemorySettings, name: str, shape: PassShape | None) -> Phase:
+    """One phase's memory on one GPU."""
+    if name == "generate":
+        return generate(s)
+    assert shape is not None
+    return update_pass(s, name, shape) if name.startswith("update") else forward_pass(s, name, shape)
+
+
+def step_phases(cfg: Any, s: MemorySettings) -> dict[str, Phase]:
+    """Every phase of the step from the config alone (worst case: samples at full width)."""
+    out = {}
+    for name in phase_names(s):
+        shape, how = (None, "") if name == "generate" else config_shape(cfg, name)
+        out[name] = phase_of(s, name, shape)
+        if how:
+            out[name].info["micro_batch"] = how
+    return out
+
+
+def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]:
+    """Every phase from a trace's micro-batches (the worst GPU of each stage); the config where a stage has none."""
+    geo = BatchGeometry.from_config(cfg)
+    out = {}
+    for name in phase_names(s):
+        if name == "generate":
+            out[name] = generate(s)
+            continue
+        sp = max(1, cfg.get(PASS_KEYS[name][3]))
+        shapes = [x for x in (record_shape(r, geo.width, sp) for r in tr.at(name)) if x is not None]
+        if not shapes:
+            shape, how = config_shape(cfg, name)
+        else:
+            shape, how = max(shapes, key=lambda x: x.tokens), "from the plan's micro-batches (largest on any GPU)"
+        out[name] = phase_of(s, name, shape)
+        out[name].info["micro_batch"] = how
+    return out
+
+
+def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Sequence[str] | None = None) -> StepTrace:
+    """Write each rank record's predicted peak (its own largest micro-batch) into ``bytes_predicted``, in place;
+    generate gets the engine phase, stages without memory of their own (or not in ``phases``) stay None."""
+    geo = BatchGeometry.from_config(cfg)
+    names = set(phase_names(s)) & (set(phases) if phases is not None else set(ORDER))
+    gen = generate(s).peak_bytes
+    for rec in tr.ranks:
+        if rec.stage not in names:
+            continue
+        if rec.stage == "generate":
+            rec.bytes_predicted = gen
+            continue
+        sp = max(1, cfg.get(PASS_KEYS[rec.stage][3]))
+        shape = record_shape(rec, geo.width, sp) or config_shape(cfg, rec.stage)[0]
+        rec.bytes_predicted = phase_of(s, rec.stage, shape).peak_bytes
+    return tr

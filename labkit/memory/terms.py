@@ -1,0 +1,147 @@
+"""Every term of the memory model, named once: its formula and the config keys it depends on (docs/memory.md).
+
+P = parameters, F = FSDP shard group, T = tokens one GPU feeds through the model in its largest micro-batch (per
+Ulysses rank), V = vocabulary, H = hidden size, I = MLP width, L = layers, q = heads·head_dim, kv = KV heads·head_dim,
+b = compute-dtype bytes, C = GPU capacity, u = gpu_memory_utilization, tp = rollout tensor parallel size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.memory.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named contribution to a phase's memory."""
+
+    formula: str
+    keys: tuple[str, ...]
+    meaning: str
+
+
+A, R, RO, M = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+TERMS: dict[str, Term] = {
+    "params": Term("4·P/F", (f"{A}.fsdp_config.param_offload", f"{A}.fsdp_config.fsdp_size"), "the actor's fp32 shard"),
+    "grads": Term("4·P/F", (f"{A}.fsdp_config.offload_policy",), "fp32 gradient shard, update only"),
+    "optimizer": Term("8·P/F", (f"{A}.fsdp_config.optimizer_offload",), "Adam exp_avg + exp_avg_sq, fp32 shards"),
+    "ref_params": Term("4·P/F", (f"{R}.fsdp_config.param_offload",), "the reference policy's fp32 shard"),
+    "critic_params": Term("4·Pc/F", ("critic.model.fsdp_config.param_offload",), "critic shard (value head)"),
+    "critic_grads": Term("4·Pc/F", (), "critic gradient shard, update_critic only"),
+    "critic_optimizer": Term("8·Pc/F", ("critic.model.fsdp_config.optimizer_offload",), "critic Adam states"),
+    "rollout_share": Term(
+        "u·C (0 when the engine sleeps)",
+        (f"{RO}.gpu_memory_utilization", f"{RO}.free_cache_engine"),
+        "the engine's claimed memory, kept through training when it does not sleep",
+    ),
+    "rollout_weights": Term("b·P/tp", (f"{RO}.tensor_model_parallel_size",), "the engine's bf16 weight shard"),
+    "rollout_activations": Term(
+        "max_num_batched_tokens·b·(2H + (q + 2kv + 2I)/tp) + max_num_seqs·V·4",
+        (f"{RO}.max_num_batched_tokens", f"{RO}.max_num_seqs"),
+        "the engine's profiling forward and sampler logits, reserved out of its share",
+    ),
+    "kv_cache": Term(
+        "u·C − rollout_weights − rollout_activations",
+        (f"{RO}.gpu_memory_utilization",),
+        "the KV pool; 2·L·⌈kv/tp⌉·b per token, max_model_len tokens per sequence",
+    ),
+    "gathered_params": Term(
+        "b·(V·H·(2 − tied) + H + n·P_layer), n = 2 on a GPU, 1 on a CPU",
+        (f"{A}.fsdp_config.fsdp_size",),
+        "FSDP's unsharded root (embedding, norm, LM head) and n decoder layers (running + prefetched on a GPU)",
+    ),
+    "activations": Term(
+        "forward: T·b·(3H + max(2q + 2kv, 3I)); update: L·T·H·b with checkpointing, else L·T·(b·(4H+2q+2kv+4I) "
+        "+ 8H·[b<4]), plus one layer recomputed in backward",
+        (
+            f"{M}.enable_gradient_checkpointing",
+            f"{M}.enable_activation_offload",
+            f"{A}.ppo_micro_batch_size_per_gpu",
+            f"{A}.ppo_max_token_len_per_gpu",
+            f"{A}.ulysses_sequence_parallel_size",
+        ),
+        "hidden states of the micro-batch",
+    ),
+    "logits": Term(
+        "T·V·b",
+        (
+            f"{RO}.log_prob_micro_batch_size_per_gpu",
+            f"{RO}.log_prob_max_token_len_per_gpu",
+            f"{M}.use_remove_padding",
+            f"{M}.use_fused_kernels",
+        ),
+        "a row of logits for every token fed (prompt and padding included on the padded path)",
+    ),
+    "log_softmax": Term(
+        "T·V·(4·[b<4] + 4) for a full log-softmax; 0 with verl's logprobs_from_logits (fused CE or row by row)",
+        (f"{M}.use_fused_kernels",),
+        "the fp32 upcast and the fp32 log-softmax of a naive head",
+    ),
+    "entropy": Term(
+        "naive 2·T·V·b; chunked min(T, chunk)·V·(4·[b<4] + 8)",
+        (f"{A}.entropy_from_logits_with_chunking", f"{A}.entropy_from_logits_chunk_size", f"{A}.entropy_coeff"),
+        "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
+    ),
+    "logits_grad": Term(
+        "full log-softmax T·V·(4 + 4 + b·[b<4]); verl's 0 (in place), T·V·b when the entropy is computed",
+        (f"{A}.entropy_coeff",),
+        "the backward of the log-prob head",
+    ),
+    "attention_mask": Term(
+        "5·T² (sdpa on a packed row; 0 with flash attention)",
+        (f"{M}.use_remove_padding",),
+        "the dense block-diagonal mask sdpa needs for packed sequences: bool and float copies",
+    ),
+    "layer_grads": Term("b·P_layer (FSDP only)", (), "one unsharded layer's gradient before reduce-scatter"),
+    "adam_temporaries": Term("4·P/F", (), "torch AdamW's per-step temporary (sqrt of exp_avg_sq)"),
+    "kv_growth": Term("2·kv·b per token of one layer", (), "HF generate only: the copy as one layer's cache grows"),
+}
+
+
+def terms_markdown() -> str:
+    """The table of every term for docs/memory.md (a test keeps the page in step with this)."""
+    rows = ["| term | bytes per GPU | what it is | config keys |", "|---|---|---|---|"]
+    for name, term in TERMS.items():
+        keys = ", ".join(f"`{k}`" for k in term.keys) or "—"
+        rows.append(f"| `{name}` | {term.formula} | {term.meaning} | {keys} |")
+    return "\n".join(rows) + "\n"
+
+
+def root_params(m: ModelShape) -> int:
+    """FSDP2's root unit: the embedding, the final norm and the LM head (absent when tied)."""
+    return m.embedding_param_count() + m.lm_head_param_count() + m.hidden_size
+
+
+def gathered_params(m: ModelShape, b: int, layers: int = 2) -> int:
+    """FSDP's unsharded root and ``layers`` decoder layers in the compute dtype (FSDP2 gathers even on one GPU)."""
+    return b * (root_params(m) + layers * m.layer_param_count())
+
+
+def _widths(m: ModelShape) -> tuple[int, int, int, int]:
+    return m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, m.intermediate_size
+
+
+def forward_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
+    """One decoder layer's working set without grad: the residual and its norm, then attention or the MLP."""
+    h, q, kv, i = _widths(m)
+    return tokens * b * (3 * h + max(2 * q + 2 * kv, 3 * i))
+
+
+def saved_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
+    """What autograd keeps of one layer: norm inputs and outputs, q/k/v/attention output, gate/up/act/product;
+    RMSNorm upcasts its input to fp32 (8H more) when the compute dtype is narrower."""
+    h, q, kv, i = _widths(m)
+    return tokens * (b * (4 * h + 2 * q + 2 * kv + 4 * i) + (8 * h if b < 4 else 0))
+
+
+def kv_bytes_per_token(m: ModelShape, b: int, tp: int) -> int:
+    """K and V of every layer for one token on one TP rank (KV heads split over tp, replicated when fewer)."""
+    heads = max(1, -(-m.num_key_value_heads // tp)) if m.num_key_value_heads >= tp else 1
+    return 2 * m.num_hidden_layers * heads * m.head_dim * b
+
+
+def rollout_activation_bytes(m: ModelShape, b: int, tp: int, batched_tokens: int, num_seqs: int) -> int:
+    """The engine's profiling forward over max_num_batched_tokens and its fp32 sampler logits for max_num_seqs."""
+    h, q, kv, i = _widths(m)
+    return batched_tokens * b * (2 * h + (q + 2 * kv + 2 * i) // tp) + num_seqs * m.vocab_size * 4

@@ -1,0 +1,124 @@
+"""Figures and a panel for the memory model: stacked bars of each phase's terms, predicted bytes per rank and
+stage, predicted vs measured, and sliders with model/GPU presets that re-answer "why did it OOM?" at once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from labkit.config.verl_config import ConfigError, load_config
+from labkit.memory.command import render_text
+from labkit.memory.settings import MemorySettings
+from labkit.memory.shapes import gpu, gpu_names, model_names
+from labkit.memory.verdict import MemoryReport, memory_report
+from labkit.trace import StepTrace
+
+GiB = 2**30
+SLIDERS = [  # (override key, label, min, max, step)
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU", 1, 64, 1),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "update micro/GPU", 1, 64, 1),
+    ("data.max_response_length", "response length", 512, 32768, 512),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "Ulysses SP", 1, 8, 1),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization", 0.1, 0.95, 0.05),
+]
+TOGGLES = [
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+]
+
+
+def phase_stack(rep: MemoryReport) -> go.Figure:
+    """One stacked bar per phase: the terms live at its peak, with the GPU's capacity as a line."""
+    names = list(rep.phases)
+    terms = sorted({t for p in rep.phases.values() for t in p.terms})
+    fig = go.Figure()
+    for term in terms:
+        fig.add_bar(name=term, x=names, y=[rep.phases[n].terms.get(term, 0) / GiB for n in names])
+    fig.add_hline(y=rep.settings.gpu_bytes / GiB, line_dash="dash", annotation_text="GPU capacity")
+    fig.update_layout(
+        barmode="stack",
+        title=f"Peak memory per phase, one GPU ({rep.settings.model.name})",
+        xaxis_title="phase",
+        yaxis_title="GiB",
+        legend_title="term",
+    )
+    return fig
+
+
+def rank_stack(trace: StepTrace, stages: Sequence[str]) -> go.Figure:
+    """``bytes_predicted`` of every rank, one group of bars per stage (and ``bytes_measured`` where present)."""
+    fig = go.Figure()
+    for stage in stages:
+        recs = trace.at(stage)
+        fig.add_bar(
+            name=f"{stage} predicted", x=[r.rank for r in recs], y=[(r.bytes_predicted or 0) / GiB for r in recs]
+        )
+        if any(r.bytes_measured is not None for r in recs):
+            fig.add_bar(
+                name=f"{stage} measured", x=[r.rank for r in recs], y=[(r.bytes_measured or 0) / GiB for r in recs]
+            )
+    fig.update_layout(barmode="group", title="Predicted peak per rank and stage", xaxis_title="rank", yaxis_title="GiB")
+    return fig
+
+
+def measured_bars(checks: Mapping[str, Any]) -> go.Figure:
+    """Predicted vs measured bytes above the live state, per pass (``labkit.model.memory_check``)."""
+    names = list(checks)
+    fig = go.Figure()
+    fig.add_bar(name="predicted", x=names, y=[checks[n].predicted_bytes / 2**20 for n in names])
+    fig.add_bar(name="measured", x=names, y=[checks[n].measured_bytes / 2**20 for n in names])
+    fig.update_layout(
+        barmode="group", title="Tiny model on the CPU: predicted vs measured", xaxis_title="pass", yaxis_title="MiB"
+    )
+    return fig
+
+
+def report_for(overrides: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> MemoryReport:
+    """The memory report of a config (overrides), a model and a GPU preset."""
+    cfg = load_config(None, list(overrides), profile=profile)
+    return memory_report(cfg, MemorySettings.from_config(cfg, model, gpu(gpu_name).memory_bytes))
+
+
+def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> Any:
+    """Sliders, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic only).
+    Returns the displayed box (presets, sliders, toggles, output)."""
+    import ipywidgets as W
+    from IPython.display import display
+
+    cfg = load_config(None, list(base), profile=profile)
+    sliders = {}
+    for key, label, lo, hi, step in SLIDERS:
+        cls = W.FloatSlider if isinstance(step, float) else W.IntSlider
+        value = cfg.get(key) or lo
+        sliders[key] = cls(value=value, min=lo, max=hi, step=step, description=label, continuous_update=False)
+    toggles = {k: W.Checkbox(value=bool(cfg.get(k)), description=k.rsplit(".", 1)[-1]) for k in TOGGLES}
+    pick_model = W.Dropdown(options=model_names(), value=model, description="model")
+    pick_gpu = W.Dropdown(options=gpu_names(), value=gpu_name, description="GPU")
+    out = W.Output()
+
+    def redraw(_: Any = None) -> None:
+        over = [
+            *base,
+            *(f"{k}={w.value}" for k, w in sliders.items()),
+            *(f"{k}={str(w.value).lower()}" for k, w in toggles.items()),
+        ]
+        with out:
+            out.clear_output(wait=True)
+            try:
+                rep = report_for(over, pick_model.value, pick_gpu.value, profile)
+            except ConfigError as exc:
+                print(exc)
+                return
+            phase_stack(rep).show()
+            print(render_text(rep))
+
+    for w in [*sliders.values(), *toggles.values(), pick_model, pick_gpu]:
+        w.observe(redraw, names="value")
+    redraw()
+    box = W.VBox([W.HBox([pick_model, pick_gpu]), *sliders.values(), W.HBox(list(toggles.values())), out])
+    display(box)
+    return box
