@@ -3,7 +3,10 @@
 Every collective here runs with ``async_op=True`` and waits at most ``timeout_s``; a rank that waits longer raises
 ``CollectiveTimeout`` naming itself, the collective and the group. The rank's in-flight collective is published by
 ``inflight()`` so the driver's watchdog (``labkit.runtime.worker_group``) can name a hung rank even where a backend ignores
-timeouts. Meshes follow verl's layouts (the actor's (dp, sp), the rollout's (dp, infer_tp, infer_pp))."""
+timeouts. Each guarded collective is also logged (``collective_log``: name, group, stage, micro-batch, call number,
+start and end), and a rank that times out carries ``rank_report()``: where it is (stage, micro-batch, collective,
+call count, Python stack), the per-rank dump verl's hang triage asks for. Meshes follow verl's layouts (the actor's
+(dp, sp), the rollout's (dp, infer_tp, infer_pp))."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import numbers
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
-from collections import Counter
+import traceback
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,10 +38,18 @@ class CollectiveTimeout(RuntimeError):
     """A rank waited too long in a collective (or its peers left it): names the rank, the collective and the group."""
 
     def __init__(
-        self, rank: int, name: str, group_ranks: list[int] | None, elapsed_s: float, timeout_s: float, detail: str = ""
+        self,
+        rank: int,
+        name: str,
+        group_ranks: list[int] | None,
+        elapsed_s: float,
+        timeout_s: float,
+        detail: str = "",
+        report: dict[str, Any] | None = None,
     ) -> None:
         self.rank, self.collective, self.group_ranks = rank, name, group_ranks
         self.elapsed_s, self.timeout_s = elapsed_s, timeout_s
+        self.report = report  # rank_report() taken when the wait ended (stage, micro-batch, call count, stack)
         msg = (
             f"rank {rank}: collective {name} over ranks {group_ranks} did not complete after {elapsed_s:.1f} s "
             f"(timeout {timeout_s:g} s): a peer never entered it, raised, or died"
@@ -75,7 +88,11 @@ def _listen_on(host: str, port: int) -> socket.socket:
 
 
 _INFLIGHT: dict[str, Any] | None = None
-_COUNTS: Counter = Counter()
+_COUNTS: Counter = Counter()  # completed collectives by name
+_ISSUED: Counter = Counter()  # collectives entered by name (the n-th all_gather(params) of this process)
+_WHERE: dict[str, Any] = {"stage": None, "micro_batch": None}
+_LOG: deque = deque(maxlen=20_000)  # one event per guarded collective, oldest dropped first
+_LAST: dict[str, Any] | None = None  # the last collective this rank completed
 _LOCK = threading.Lock()
 
 
@@ -289,29 +306,123 @@ def collective_counts() -> dict[str, int]:
 
 
 @contextmanager
+def where(stage: str | None = None, micro_batch: int | None = None) -> Iterator[None]:
+    """Label the collectives issued inside the block with a stage and a micro-batch index (for the log, the
+    in-flight record and the per-rank report); restores the previous labels on exit."""
+    previous = dict(_WHERE)
+    _WHERE.update(stage=stage if stage is not None else previous["stage"], micro_batch=micro_batch)
+    try:
+        yield
+    finally:
+        _WHERE.update(previous)
+
+
+def collective_log(since: int = 0) -> list[dict[str, Any]]:
+    """This rank's guarded collectives from event number ``since`` on: name, group, stage, micro-batch, call
+    number, wall-clock start/end and outcome ("ok" or "timeout"); the per-rank timeline of a run."""
+    with _LOCK:
+        return [dict(e) for e in list(_LOG)[since:]]
+
+
+def log_length() -> int:
+    """Events logged so far (pass it to collective_log later to get only what came after)."""
+    return len(_LOG)
+
+
+def note(name: str, outcome: str, t_start: float, t_end: float | None = None, **extra: Any) -> None:
+    """Log a non-collective event in the timeline (a rank that raised, a loop that never advanced, a return)."""
+    with _LOCK:
+        _LOG.append(
+            {
+                "rank": _STATE.rank if _STATE else None,
+                "collective": name,
+                "group": None,
+                "stage": _WHERE["stage"],
+                "micro_batch": _WHERE["micro_batch"],
+                "call": None,
+                "t_start": t_start,
+                "t_end": time.time() if t_end is None else t_end,
+                "outcome": outcome,
+                **extra,
+            }
+        )
+
+
+def _main_stack() -> list[str]:
+    """The Python stack of the main thread (the one running the rank's call), innermost last, without this module."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    lines = traceback.format_stack(frame) if frame is not None else []
+    return [x for x in lines if __file__ not in x][-12:]
+
+
+def rank_report() -> dict[str, Any]:
+    """Where this rank is now: stage, micro-batch, the collective it waits in (or last completed), that
+    collective's call count, every collective's completed count and the main thread's Python stack."""
+    current = inflight()
+    last = dict(_LAST) if _LAST else None
+    shown = current or last or {}
+    return {
+        "rank": _STATE.rank if _STATE else None,
+        "pid": os.getpid(),
+        "stage": shown.get("stage", _WHERE["stage"]),
+        "micro_batch": shown.get("micro_batch", _WHERE["micro_batch"]),
+        "waiting_in": current["collective"] if current else None,
+        "last_completed": last["collective"] if last else None,
+        "call": shown.get("call"),
+        "waited_s": current["elapsed_s"] if current else None,
+        "group": shown.get("group"),
+        "counts": collective_counts(),
+        "stack": _main_stack(),
+    }
+
+
+@contextmanager
 def guarded(name: str, group: Any = None, timeout_s: float | None = None, count: bool = True) -> Iterator[float]:
     """Publish "this rank waits in collective `name`" while the block runs; a RuntimeError inside (gloo's timeout or
-    peer loss) becomes CollectiveTimeout naming rank, collective and group. Yields the timeout to wait with."""
-    global _INFLIGHT
+    peer loss) becomes CollectiveTimeout naming rank, collective and group, with rank_report(). Yields the timeout
+    to wait with. Every call is logged (collective_log) under the current where() labels."""
+    global _INFLIGHT, _LAST
     if timeout_s is not None:
         check_timeout("timeout_s", timeout_s)
     timeout = timeout_s if timeout_s is not None else (_STATE.timeout_s if _STATE else DEFAULT_COLLECTIVE_TIMEOUT_S)
     ranks = group_ranks(group)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     with _LOCK:
-        _INFLIGHT = {"collective": name, "group": ranks, "t0": t0, "timeout_s": timeout}
+        _ISSUED[name] += 1
+        event = {
+            "rank": _STATE.rank if _STATE else None,
+            "collective": name,
+            "group": ranks,
+            "stage": _WHERE["stage"],
+            "micro_batch": _WHERE["micro_batch"],
+            "call": _ISSUED[name],
+            "t_start": wall0,
+            "t_end": None,
+            "outcome": "waiting",
+        }
+        _INFLIGHT = {**{k: event[k] for k in ("collective", "group", "stage", "micro_batch", "call")}, "t0": t0}
+        _INFLIGHT["timeout_s"] = timeout
+        _LOG.append(event)
     try:
         yield timeout
     except CollectiveTimeout:
         raise
     except RuntimeError as exc:  # gloo: "Operation timed out!", "Connection closed by peer", ...
-        raise CollectiveTimeout(dist.get_rank(), name, ranks, time.monotonic() - t0, timeout, str(exc)[:300]) from exc
+        report = rank_report()
+        event.update(t_end=time.time(), outcome="timeout")
+        raise CollectiveTimeout(
+            dist.get_rank(), name, ranks, time.monotonic() - t0, timeout, str(exc)[:300], report
+        ) from exc
     else:
+        event.update(t_end=time.time(), outcome="ok")
+        _LAST = event
         if count:
             _COUNTS[name] += 1
     finally:
         with _LOCK:
             _INFLIGHT = None if _INFLIGHT is None or _INFLIGHT["t0"] == t0 else _INFLIGHT
+        if event["t_end"] is None:  # left by another exception (KeyboardInterrupt, ...)
+            event.update(t_end=time.time(), outcome="interrupted")
 
 
 def _wait(work: Any, timeout: float) -> None:
@@ -319,11 +430,12 @@ def _wait(work: Any, timeout: float) -> None:
 
 
 def all_reduce(
-    tensor: torch.Tensor, op: str = "sum", group: Any = None, timeout_s: float | None = None
+    tensor: torch.Tensor, op: str = "sum", group: Any = None, timeout_s: float | None = None, name: str = "all_reduce"
 ) -> torch.Tensor:
-    """In-place all_reduce (sum/max/min/avg via sum) with a timeout."""
+    """In-place all_reduce (sum/max/min/avg via sum) with a timeout; ``name`` is what the counts and the log call it
+    (a planner name such as "all_reduce(max):num_micro_batches")."""
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}
-    with guarded("all_reduce", group, timeout_s) as timeout:
+    with guarded(name, group, timeout_s) as timeout:
         _wait(dist.all_reduce(tensor, op=ops[op], group=group, async_op=True), timeout)
     if op == "avg":
         tensor /= dist.get_world_size(group)
@@ -341,6 +453,21 @@ def all_gather(
     out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     with guarded(_name, group, timeout_s, _count) as timeout:
         _wait(dist.all_gather(out, tensor.contiguous(), group=group, async_op=True), timeout)
+    return out
+
+
+def reduce_scatter(
+    tensor: torch.Tensor, group: Any = None, timeout_s: float | None = None, name: str = "reduce_scatter"
+) -> torch.Tensor:
+    """Sum-reduce ``tensor`` (first dim divisible by the group size) and keep this rank's slice, with a timeout
+    (the list form: gloo has it on every torch this project supports)."""
+    n = dist.get_world_size(group)
+    if tensor.shape[0] % n:
+        raise ValueError(f"reduce_scatter needs a first dimension divisible by {n}, got {tuple(tensor.shape)}")
+    parts = [p.contiguous() for p in tensor.chunk(n)]
+    out = torch.empty_like(parts[0])
+    with guarded(name, group, timeout_s) as timeout:
+        _wait(dist.reduce_scatter(out, parts, group=group, async_op=True), timeout)
     return out
 
 
