@@ -163,12 +163,15 @@ def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
     return budgets, geo.width
 
 
-def config_risks(cfg: Any, lengths: Sequence[int] | str | None, *, draws: int = 64, seed: int = 0) -> list[HangRisk]:
+def config_risks(
+    cfg: Any, lengths: Sequence[int] | str | None, *, draws: int = 64, seed: int = 0, trace: Any = None
+) -> list[HangRisk]:
     """Hang risks of ``cfg`` with explicit lengths, or a length profile drawn ``draws`` times (probability =
-    share of draws that trigger each risk); None: only (c), which needs no lengths."""
+    share of draws that trigger each risk); None: only (c), which needs no lengths (``trace``: ``plan(cfg)``
+    when the caller has it already)."""
     budgets, width = stage_budgets(cfg)
     if lengths is None or not budgets:
-        return trace_risks(plan(cfg), [], {}, width)
+        return trace_risks(trace if trace is not None else plan(cfg), [], {}, width)
     if not isinstance(lengths, str):
         trace = plan(cfg, lengths)
         return trace_risks(trace, list(lengths), budgets, width)
