@@ -32,6 +32,10 @@ def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dic
     return [static_partitions(len(c), p.micro, ctx.profile) for c in chunks], {}
 
 
+# engine (0.9.1) TrainingWorker._postprocess_output, once per forward-only call and per update mini-batch
+ENGINE_METRIC_COLLS = {"all_reduce(avg):loss": 1, "all_gather_object(metrics)": 1}
+
+
 def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
     out = {"all_gather(params)": n_micro}
     if sp > 1:  # the attention all-to-all runs over the mesh's SP group
@@ -103,6 +107,8 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
             if ctx.profile == "engine":
                 coll["all_reduce(sum):batch_num_tokens"] = 1
             _add(coll, _forward_colls(len(micro), sp, p.slice_sp))
+            if ctx.profile == "engine":
+                _add(coll, ENGINE_METRIC_COLLS)
         if per_sp is not None:
             extra["tokens_per_sp_rank"] = per_sp
         padded = [x.padded_tokens for x in micro]
@@ -274,7 +280,8 @@ def _update_rank(
             scales.extend(f"1/{mini // m}" if not dyn else f"{x.rows}/{mini}" for x in micro)
         _add(coll, sync)
         if not legacy:
-            _add(coll, {"all_reduce(sum):batch_num_tokens": 1})
+            _add(coll, {"all_reduce(sum):batch_num_tokens": 1, "all_gather_object(global_token_num)": 1})
+            _add(coll, ENGINE_METRIC_COLLS)
         n = len(micro)
         _add(
             coll,

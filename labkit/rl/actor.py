@@ -223,11 +223,17 @@ class ActorWorker(Worker):
             parts = self._dynamic_parts(rec, data, p.budget * sp)
         model.eval()
         lps, ents = [], []
+        stage = "old_log_prob" if which == "actor" else "ref_log_prob"
         with torch.no_grad():
-            for idx in parts:
-                lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
+            for i, idx in enumerate(parts):
+                with dist.where(stage, i):
+                    lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
                 lps.append(lp.cpu())
                 ents.append(ent.cpu() if ent is not None else None)
+        if s.profile == "engine":  # infer_batch's _postprocess_output: loss AVG-reduced, metrics gathered over DP
+            from labkit.rl.actor_metrics import postprocess
+
+            postprocess(self, rec, 0.0, {})
         lp = torch.cat(lps)
         ent = torch.cat(ents) if calculate_entropy else None
         if p.dynamic:

@@ -27,4 +27,10 @@ COLLECTIVES: dict[str, str] = {
     "all_to_all(ulysses):backward": "Ulysses all-to-all in the backward pass; once per micro-batch backward (sp > 1)",
     "all_gather(ulysses_outputs)": "gather_outputs_and_unpad of log-probs (or values) over the SP group; once per "
     "micro-batch forward (sp > 1)",
+    "all_reduce(avg):loss": "engine (0.9.1) _postprocess_output: the summed micro-batch losses AVG-reduced over the "
+    "DP group; once per forward-only call and once per update mini-batch",
+    "all_gather_object(metrics)": "engine (0.9.1) _postprocess_output: every rank's metrics gathered over the DP "
+    "group (allgather_dict_into_dict); once per forward-only call and once per update mini-batch",
+    "all_gather_object(global_token_num)": "engine (0.9.1) train_mini_batch: each row's tokens gathered over the DP "
+    "group for MFU; once per update mini-batch",
 }

@@ -480,17 +480,20 @@ def barrier(group: Any = None, timeout_s: float | None = None) -> None:
         )
 
 
-def all_gather_object(obj: Any, group: Any = None, timeout_s: float | None = None, _count: bool = True) -> list[Any]:
-    """Pickle → padded uint8 all_gather (two guarded collectives) → unpickle; one object per group rank."""
+def all_gather_object(
+    obj: Any, group: Any = None, timeout_s: float | None = None, _count: bool = True, name: str = "all_gather_object"
+) -> list[Any]:
+    """Pickle → padded uint8 all_gather (two guarded collectives) → unpickle; one object per group rank. Counted
+    once under ``name`` (a planner name such as "all_gather_object(metrics)")."""
     device = _STATE.device if _STATE else "cpu"
     payload = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()).to(device)
-    sizes = all_gather(torch.tensor([payload.numel()], device=device), group, timeout_s, "all_gather_object", False)
+    sizes = all_gather(torch.tensor([payload.numel()], device=device), group, timeout_s, name, False)
     width = int(max(s.item() for s in sizes))
     padded = torch.zeros(width, dtype=torch.uint8, device=device)
     padded[: payload.numel()] = payload
-    parts = all_gather(padded, group, timeout_s, "all_gather_object", False)
+    parts = all_gather(padded, group, timeout_s, name, False)
     if _count:
-        _COUNTS["all_gather_object"] += 1
+        _COUNTS[name] += 1
     return [pickle.loads(p[: int(s.item())].cpu().numpy().tobytes()) for p, s in zip(parts, sizes)]
 
 
