@@ -113,6 +113,8 @@ class HangWorker(Worker):
         with dist.where(stage):
             try:
                 if profile == "engine":
+                    if update:  # train_mini_batch: row lengths gathered for MFU (one mini-batch here)
+                        dist.all_gather_object(own, self.dp_group, name="all_gather_object(global_token_num)")
                     tokens = torch.tensor([sum(own)], dtype=torch.long)
                     dist.all_reduce(tokens, "sum", self.dp_group, name="all_reduce(sum):batch_num_tokens")
                 seen = {"max": 0}
@@ -144,9 +146,12 @@ class HangWorker(Worker):
                         self._forward()
                         if update:
                             self._backward(synced=profile == "legacy" or i == n_micro - 1)
-                if update:
-                    with dist.where(stage, None):
+                with dist.where(stage, None):
+                    if update:
                         dist.all_reduce(torch.ones(1), "sum", None, name="all_reduce(sum):grad_norm")
+                    if profile == "engine":  # _postprocess_output: loss AVG-reduced, metrics gathered over DP
+                        dist.all_reduce(torch.zeros(1), "avg", self.dp_group, name="all_reduce(avg):loss")
+                        dist.all_gather_object({}, self.dp_group, name="all_gather_object(metrics)")
             except (dist.CollectiveTimeout, AssertionError, ValueError) as exc:
                 return self._failed(exc, stage, t0, since, before, micro_batches=n_micro, rows=len(own))
         dist.note("return", "ok", time.time())

@@ -33,4 +33,21 @@ COLLECTIVES: dict[str, str] = {
     "group (allgather_dict_into_dict); once per forward-only call and once per update mini-batch",
     "all_gather_object(global_token_num)": "engine (0.9.1) train_mini_batch: each row's tokens gathered over the DP "
     "group for MFU; once per update mini-batch",
+    "all_reduce(tp)": "rollout TP: the row-parallel partial sums (attention o_proj and MLP down_proj) all-reduced in "
+    "the TP group; 2 per decoder layer per forward step of generate",
+    "broadcast(tp):logits": "rollout TP: each forward step's logits broadcast from TP rank 0 so every TP rank samples "
+    "the same token (labkit's stand-in for vLLM's driver-side sampling); once per forward step",
+    "all_gather(tp):fingerprint": "rollout TP: a fingerprint of the prompts before generate and of the outputs after, "
+    "gathered to check every TP rank holds the same rows; twice per generate call",
 }
+
+
+def tp_generate_collectives(num_layers: int, forward_steps: int, tp: int, sync_logits: bool = True) -> dict[str, int]:
+    """Collectives one rank of a rollout TP group issues in one generate call of ``forward_steps`` tokens (the longest
+    response of its replica's rows): none at TP 1."""
+    if tp <= 1:
+        return {}
+    out = {"all_gather(tp):fingerprint": 2, "all_reduce(tp)": 2 * num_layers * forward_steps}
+    if sync_logits:
+        out["broadcast(tp):logits"] = forward_steps
+    return out
