@@ -117,11 +117,13 @@ def test_any_live_collective_timeout_carries_the_per_rank_report():
     from labkit.runtime.rank_errors import CollectiveTimeoutError
     from labkit.runtime.worker_group import WorkerGroup
 
-    with WorkerGroup(DemoWorker, 2, launcher="local", collective_timeout_s=TIMEOUT_S) as wg:
+    with WorkerGroup(DemoWorker, 3, launcher="local", collective_timeout_s=TIMEOUT_S) as wg:
         with pytest.raises(CollectiveTimeoutError) as err:
-            wg.skip_all_reduce(1)
+            wg.skip_all_reduce(2)
     text = str(err.value)
-    assert "--- hang report of rank 0" in text
-    assert "waiting in all_reduce (call #1) over ranks [0, 1]" in text
-    assert "skip_all_reduce" in text.split("Python stack (innermost last):", 1)[1]
+    for rank in (0, 1):  # both ranks that waited report, not only the root cause's
+        report = text.split(f"--- hang report of rank {rank} ", 1)[1].split("\n--- ", 1)[0]
+        assert "waiting in all_reduce (call #1) over ranks [0, 1, 2]" in report
+        assert "skip_all_reduce" in report.split("Python stack (innermost last):", 1)[1]
+    assert "hang report of rank 2" not in text  # it skipped the collective: it never waited
     assert wg.alive_pids() == []

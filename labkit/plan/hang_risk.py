@@ -71,9 +71,9 @@ def rank_risks(
             HangRisk(
                 "a",
                 stage,
-                "micro-batch counts differ across DP ranks without the MAX sync",
-                f"k per DP rank {alone} (budget {budget}): without the sync a rank issues {max(alone) - min(alone)} "
-                "more parameter all-gathers than its peer and waits forever",
+                "DP ranks cut different micro-batch counts; verl that skips the MAX sync (0.7.1 dp_actor, #5750) hangs",
+                f"k per DP rank {alone} (budget {budget}): without the sync the heaviest rank issues "
+                f"{max(alone) - min(alone)} more parameter all-gather(s) than the lightest and waits forever",
                 FIX["a"],
                 counts=alone,
                 rows=rows,

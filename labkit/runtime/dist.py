@@ -352,7 +352,8 @@ def _main_stack() -> list[str]:
     """The Python stack of the main thread (the one running the rank's call), innermost last, without this module."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     lines = traceback.format_stack(frame) if frame is not None else []
-    return [x for x in lines if __file__ not in x][-12:]
+    skip = (__file__, "/multiprocessing/", '"<string>"', "local_launcher.py", "ray_launcher.py")
+    return [x for x in lines if not any(s in x for s in skip)][-12:]
 
 
 def rank_report() -> dict[str, Any]:

@@ -38,8 +38,9 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
     elif _raised_in_torch_distributed(exc):  # e.g. a raw torch.distributed collective timed out: the group is suspect
         env["pg_error"] = True
         env["report"] = dist.rank_report()
-    if env.get("report"):  # the per-rank dump, shown with the remote traceback by the driver's error text
-        env["traceback"] += format_report(env["report"])
+    if env.get("report"):  # the per-rank dump: after the remote traceback, and on its own for the driver's error
+        env["report_text"] = format_report(env["report"])
+        env["traceback"] += env["report_text"]
     return env
 
 
