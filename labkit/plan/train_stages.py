@@ -111,6 +111,8 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
                 _add(coll, ENGINE_METRIC_COLLS)
         if per_sp is not None:
             extra["tokens_per_sp_rank"] = per_sp
+        if micro and parts is not None:  # each micro-batch's own collectives (its forward)
+            extra["micro_collectives"] = [_forward_colls(1, sp, p.slice_sp) for _ in micro]
         padded = [x.padded_tokens for x in micro]
         tr.ranks.append(
             RankRecord(
@@ -226,11 +228,13 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         dp, spr = actor_layout(rank, sp)
         if dp not in per_dp:
             per_dp[dp] = _update_rank(ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs)
-        micro_all, ga_list, scales, coll = per_dp[dp]
+        micro_all, ga_list, scales, coll, per_micro = per_dp[dp]
         coll = dict(coll)
         if ctx.dispatch == "all_gather" and sp > 1:
             coll["all_gather(data_proto)"] = 1
         extra = {"ga_per_mini": ga_list, "optimizer_steps": steps, "epochs": epochs, "dynamic": dyn}
+        if per_micro:
+            extra["micro_collectives"] = per_micro
         if scales:
             extra["loss_scale_per_micro"] = scales
         padded = [x.padded_tokens for x in micro_all]
@@ -266,8 +270,9 @@ def _update_rank(
     dyn: bool,
     epochs: int,
 ) -> tuple[list, list, list, dict]:
-    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives."""
-    micro_epoch, ga_epoch, scales, coll = [], [], [], {}
+    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives
+    (per rank, and per micro-batch: its forward and backward)."""
+    micro_epoch, ga_epoch, scales, coll, per_micro = [], [], [], {}, []
     legacy = ctx.profile == "legacy"
     for j, (parts, sync) in enumerate(per_mini):
         if parts is None:
@@ -294,5 +299,14 @@ def _update_rank(
         )
         if sp > 1:
             _add(coll, {"all_to_all(ulysses)": n, "all_to_all(ulysses):backward": n, "all_gather(ulysses_outputs)": n})
+        for i in range(n):  # legacy syncs gradients after every micro-batch, engine only after the last (no_sync)
+            one = {"all_gather(params)": 1, "all_gather(params):backward": 1}
+            if legacy or i == n - 1:
+                one["reduce_scatter(grads)"] = 1
+            if sp > 1:
+                one.update(
+                    {"all_to_all(ulysses)": 1, "all_gather(ulysses_outputs)": 1, "all_to_all(ulysses):backward": 1}
+                )
+            per_micro.append(one)
     coll = {k: v * epochs for k, v in coll.items()}
-    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll
+    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll, per_micro * epochs
