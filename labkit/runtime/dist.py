@@ -16,11 +16,9 @@ import numbers
 import os
 import pickle
 import socket
-import sys
 import threading
 import time
-import traceback
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from labkit.runtime import collective_log as collective_log_module
+from labkit.runtime.collective_log import collective_log, log_length, where  # noqa: F401  (this module's API too)
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0
 MASTER_ADDR = "127.0.0.1"
@@ -89,10 +90,6 @@ def _listen_on(host: str, port: int) -> socket.socket:
 
 _INFLIGHT: dict[str, Any] | None = None
 _COUNTS: Counter = Counter()  # completed collectives by name
-_ISSUED: Counter = Counter()  # collectives entered by name (the n-th all_gather(params) of this process)
-_WHERE: dict[str, Any] = {"stage": None, "micro_batch": None}
-_LOG: deque = deque(maxlen=20_000)  # one event per guarded collective, oldest dropped first
-_LAST: dict[str, Any] | None = None  # the last collective this rank completed
 _LOCK = threading.Lock()
 
 
@@ -305,75 +302,30 @@ def collective_counts() -> dict[str, int]:
     return dict(_COUNTS)
 
 
-@contextmanager
-def where(stage: str | None = None, micro_batch: int | None = None) -> Iterator[None]:
-    """Label the collectives issued inside the block with a stage and a micro-batch index (for the log, the
-    in-flight record and the per-rank report); restores the previous labels on exit."""
-    previous = dict(_WHERE)
-    _WHERE.update(stage=stage if stage is not None else previous["stage"], micro_batch=micro_batch)
-    try:
-        yield
-    finally:
-        _WHERE.update(previous)
-
-
-def collective_log(since: int = 0) -> list[dict[str, Any]]:
-    """This rank's guarded collectives from event number ``since`` on: name, group, stage, micro-batch, call
-    number, wall-clock start/end and outcome ("ok" or "timeout"); the per-rank timeline of a run."""
-    with _LOCK:
-        return [dict(e) for e in list(_LOG)[since:]]
-
-
-def log_length() -> int:
-    """Events logged so far (pass it to collective_log later to get only what came after)."""
-    return len(_LOG)
-
-
-def note(name: str, outcome: str, t_start: float, t_end: float | None = None, **extra: Any) -> None:
-    """Log a non-collective event in the timeline (a rank that raised, a loop that never advanced, a return)."""
-    with _LOCK:
-        _LOG.append(
-            {
-                "rank": _STATE.rank if _STATE else None,
-                "collective": name,
-                "group": None,
-                "stage": _WHERE["stage"],
-                "micro_batch": _WHERE["micro_batch"],
-                "call": None,
-                "t_start": t_start,
-                "t_end": time.time() if t_end is None else t_end,
-                "outcome": outcome,
-                **extra,
-            }
-        )
-
-
-def _main_stack() -> list[str]:
-    """The Python stack of the main thread (the one running the rank's call), innermost last, without this module."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    lines = traceback.format_stack(frame) if frame is not None else []
-    skip = (__file__, "/multiprocessing/", '"<string>"', "local_launcher.py", "ray_launcher.py")
-    return [x for x in lines if not any(s in x for s in skip)][-12:]
+def note(name: str, outcome: str, t_start: float, **extra: Any) -> None:
+    """Log a non-collective event in this rank's timeline (a rank that raised, a loop that never advanced)."""
+    collective_log_module.note(name, outcome, t_start, _STATE.rank if _STATE else None, **extra)
 
 
 def rank_report() -> dict[str, Any]:
     """Where this rank is now: stage, micro-batch, the collective it waits in (or last completed), that
     collective's call count, every collective's completed count and the main thread's Python stack."""
     current = inflight()
-    last = dict(_LAST) if _LAST else None
-    shown = current or last or {}
+    done = collective_log_module.last()
+    shown = current or done or {}
+    here = collective_log_module.labels()
     return {
         "rank": _STATE.rank if _STATE else None,
         "pid": os.getpid(),
-        "stage": shown.get("stage", _WHERE["stage"]),
-        "micro_batch": shown.get("micro_batch", _WHERE["micro_batch"]),
+        "stage": shown.get("stage", here["stage"]),
+        "micro_batch": shown.get("micro_batch", here["micro_batch"]),
         "waiting_in": current["collective"] if current else None,
-        "last_completed": last["collective"] if last else None,
+        "last_completed": done["collective"] if done else None,
         "call": shown.get("call"),
         "waited_s": current["elapsed_s"] if current else None,
         "group": shown.get("group"),
         "counts": collective_counts(),
-        "stack": _main_stack(),
+        "stack": collective_log_module.main_stack((__file__,)),
     }
 
 
@@ -382,48 +334,35 @@ def guarded(name: str, group: Any = None, timeout_s: float | None = None, count:
     """Publish "this rank waits in collective `name`" while the block runs; a RuntimeError inside (gloo's timeout or
     peer loss) becomes CollectiveTimeout naming rank, collective and group, with rank_report(). Yields the timeout
     to wait with. Every call is logged (collective_log) under the current where() labels."""
-    global _INFLIGHT, _LAST
+    global _INFLIGHT
     if timeout_s is not None:
         check_timeout("timeout_s", timeout_s)
     timeout = timeout_s if timeout_s is not None else (_STATE.timeout_s if _STATE else DEFAULT_COLLECTIVE_TIMEOUT_S)
     ranks = group_ranks(group)
-    t0, wall0 = time.monotonic(), time.time()
+    t0 = time.monotonic()
+    event = collective_log_module.begin(name, ranks, _STATE.rank if _STATE else None)
     with _LOCK:
-        _ISSUED[name] += 1
-        event = {
-            "rank": _STATE.rank if _STATE else None,
-            "collective": name,
-            "group": ranks,
-            "stage": _WHERE["stage"],
-            "micro_batch": _WHERE["micro_batch"],
-            "call": _ISSUED[name],
-            "t_start": wall0,
-            "t_end": None,
-            "outcome": "waiting",
-        }
-        _INFLIGHT = {**{k: event[k] for k in ("collective", "group", "stage", "micro_batch", "call")}, "t0": t0}
-        _INFLIGHT["timeout_s"] = timeout
-        _LOG.append(event)
+        _INFLIGHT = {k: event[k] for k in ("collective", "group", "stage", "micro_batch", "call")}
+        _INFLIGHT.update(t0=t0, timeout_s=timeout)
     try:
         yield timeout
     except CollectiveTimeout:
         raise
     except RuntimeError as exc:  # gloo: "Operation timed out!", "Connection closed by peer", ...
         report = rank_report()
-        event.update(t_end=time.time(), outcome="timeout")
+        collective_log_module.end(event, "timeout")
         raise CollectiveTimeout(
             dist.get_rank(), name, ranks, time.monotonic() - t0, timeout, str(exc)[:300], report
         ) from exc
     else:
-        event.update(t_end=time.time(), outcome="ok")
-        _LAST = event
+        collective_log_module.end(event, "ok")
         if count:
             _COUNTS[name] += 1
     finally:
         with _LOCK:
             _INFLIGHT = None if _INFLIGHT is None or _INFLIGHT["t0"] == t0 else _INFLIGHT
         if event["t_end"] is None:  # left by another exception (KeyboardInterrupt, ...)
-            event.update(t_end=time.time(), outcome="interrupted")
+            collective_log_module.end(event, "interrupted")
 
 
 def _wait(work: Any, timeout: float) -> None:
