@@ -325,9 +325,14 @@ def cmd_check(ns: argparse.Namespace) -> int:
 def _print_hang_risks(con: Console, cfg: Any, ns: argparse.Namespace, planned: StepTrace | None) -> None:
     """Warnings of the hangs (a)-(c) this config (with --lengths) can meet (labkit.plan.hang_risk)."""
     from labkit.plan.hang_risk import config_risks
+    from labkit.plan.step import PlanTooLarge
 
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
-    for risk in config_risks(cfg, lengths, seed=ns.seed, trace=planned):
+    try:
+        risks = config_risks(cfg, lengths, seed=ns.seed, trace=planned)
+    except PlanTooLarge:  # a step too large to plan per rank: no per-rank prediction
+        return
+    for risk in risks:
         con.print(f"  warning: {risk.line()}", markup=False)
 
 

@@ -236,8 +236,8 @@ def split_zero(timeout_s: float = 3.0, fix: bool = True, max_s: float = 1.5) -> 
 def tp_all_gather(timeout_s: float = 3.0, fix: bool = True, rows: int = 3) -> HangRun:
     """(d): ≤ v0.5 DP_COMPUTE_PROTO chunks ``rows`` generation rows over 2 ranks without the equal-size check (2 and
     1 rows), then all-gathers them inside the TP=2 group: rank 0 waits for a row rank 1 never sends."""
-    per_rank = [len(range(rows)[i::WORLD]) for i in range(WORLD)]  # torch.chunk sizes of `rows` over 2: 2, 1
-    per_rank.sort(reverse=True)
+    first = -(-rows // WORLD)  # torch.chunk of `rows` over 2 ranks, no equal-size check: 2 and 1
+    per_rank = [first, rows - first]
     results, left, elapsed = run_ranks("tp_gather_stage", per_rank, tp=2, timeout_s=timeout_s)
     diag = diagnose(
         "d",

@@ -181,7 +181,7 @@ class HangWorker(Worker):
                         break
                 looped = time.monotonic() - start
                 growth = rss_bytes() - rss0
-                dist.note("split(0) loop", "stopped", t0 + 0.0, pieces=len(pieces))
+                dist.note("split(0) loop", "stopped", t0, pieces=len(pieces))
                 del pieces
                 return self._result(
                     stage,
@@ -212,8 +212,9 @@ class HangWorker(Worker):
         """≤ v0.5 ``all_gather_data_proto`` of this rank's rows inside its rollout TP group before generate.
 
         Equal rows: one real all_gather of the batch (``labkit.runtime.dist.all_gather_data_proto``). Unequal rows:
-        NCCL's all-gather has no size check and waits for bytes a shorter peer never sends (gloo would abort the
-        process instead), so the lab sends the rows one all-gather each: the longer side waits past the timeout."""
+        NCCL does not check the sizes, and the side with more rows waits for data the other never sends (gloo checks
+        and aborts the process instead), so the lab sends the rows one all-gather each: the longer side waits past
+        the timeout, as NCCL's does."""
         from labkit.protocol.data_proto import DataProto
 
         t0, since, before = time.time(), dist.log_length(), dist.collective_counts()

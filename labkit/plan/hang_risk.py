@@ -146,6 +146,7 @@ def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
     """Token budget (× budget SP) of each dynamic stage of ``cfg``, and the rollout's padded width."""
     from labkit.plan.context import Ctx
     from labkit.plan.roles import params
+    from labkit.rules.failures import StageFailure
     from labkit.rules.geometry import BatchGeometry
 
     geo = BatchGeometry.from_config(cfg)
@@ -156,7 +157,7 @@ def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
             continue
         try:
             p = params(ctx, stage)
-        except Exception:  # a mesh verl cannot build: the planner reports it as an error
+        except StageFailure:  # a mesh verl cannot build: the planner reports it as an error
             continue
         if p.dyn and p.budget:
             budgets[stage] = p.budget * p.budget_sp
@@ -169,9 +170,11 @@ def config_risks(
     """Hang risks of ``cfg`` with explicit lengths, or a length profile drawn ``draws`` times (probability =
     share of draws that trigger each risk); None: only (c), which needs no lengths (``trace``: ``plan(cfg)``
     when the caller has it already)."""
+    if lengths is None:
+        return trace_risks(trace if trace is not None else plan(cfg), [], {}, None)
     budgets, width = stage_budgets(cfg)
-    if lengths is None or not budgets:
-        return trace_risks(trace if trace is not None else plan(cfg), [], {}, width)
+    if not budgets:  # no dynamic stage: only (c) can happen
+        return trace_risks(plan(cfg, lengths if not isinstance(lengths, str) else None), [], {}, width)
     if not isinstance(lengths, str):
         trace = plan(cfg, lengths)
         return trace_risks(trace, list(lengths), budgets, width)
