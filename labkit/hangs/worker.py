@@ -154,7 +154,8 @@ class HangWorker(Worker):
                         dist.all_gather_object({}, self.dp_group, name="all_gather_object(metrics)")
             except (dist.CollectiveTimeout, AssertionError, ValueError) as exc:
                 return self._failed(exc, stage, t0, since, before, micro_batches=n_micro, rows=len(own))
-        dist.note("return", "ok", time.time())
+        with dist.where(stage):
+            dist.note("return", "ok", time.time())
         return self._result(stage, t0, since, before, micro_batches=n_micro, rows=len(own), dummies=dummies)
 
     # ---- (c): a micro size normalised to 0 --------------------------------------------------------------------------
@@ -203,7 +204,8 @@ class HangWorker(Worker):
                         self._forward()
             except dist.CollectiveTimeout as exc:
                 return self._failed(exc, stage, t0, since, before, micro_batches=n, rows=rows)
-        dist.note("return", "ok", time.time())
+        with dist.where(stage):
+            dist.note("return", "ok", time.time())
         return self._result(stage, t0, since, before, micro_batches=n, rows=rows)
 
     # ---- (d): the <= v0.5 TP all-gather of the generation inputs -------------------------------------------------
@@ -232,5 +234,6 @@ class HangWorker(Worker):
                         gathered += len(dist.all_gather(ids[i], self.tp_group, _name="all_gather(data_proto)"))
             except dist.CollectiveTimeout as exc:
                 return self._failed(exc, stage, t0, since, before, rows=own, group_rows=group_rows)
-        dist.note("return", "ok", time.time())
+        with dist.where(stage):
+            dist.note("return", "ok", time.time())
         return self._result(stage, t0, since, before, rows=own, group_rows=group_rows, gathered_rows=gathered)
