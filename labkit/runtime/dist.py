@@ -313,12 +313,13 @@ def rank_report() -> dict[str, Any]:
     current = inflight()
     done = collective_log_module.last()
     shown = current or done or {}
-    here = collective_log_module.labels()
+    here = collective_log_module.labels()  # where the rank is now (also inside a collective torch runs itself)
+    at = current or (here if here["stage"] is not None else shown)
     return {
         "rank": _STATE.rank if _STATE else None,
         "pid": os.getpid(),
-        "stage": shown.get("stage", here["stage"]),
-        "micro_batch": shown.get("micro_batch", here["micro_batch"]),
+        "stage": at.get("stage"),
+        "micro_batch": at.get("micro_batch"),
         "waiting_in": current["collective"] if current else None,
         "last_completed": done["collective"] if done else None,
         "call": shown.get("call"),
