@@ -18,7 +18,7 @@ from labkit.config.keys import ARR
 from labkit.config.verl_config import load_config
 from labkit.hangs.diagnosis import Diagnosis, diagnose, timeline
 from labkit.hangs.worker import HangWorker
-from labkit.plan.hang_risk import FIX, unsynced_counts
+from labkit.plan.hang_risk import FIX, stage_budgets, unsynced_counts
 from labkit.plan.step import plan
 from labkit.runtime.worker_group import WorkerGroup
 
@@ -122,10 +122,8 @@ def fixed_dynamic_run(cfg: Any, lengths: list[int], timeout_s: float = 3.0, upda
     """The live dynamic stage with the MAX sync on the lengths the planner dispatches; counts vs ``plan``."""
     stage = "update_actor" if update else "old_log_prob"
     trace = plan(cfg, lengths)
-    role = "actor" if update else "rollout"
-    key = "ppo_max_token_len_per_gpu" if update else "log_prob_max_token_len_per_gpu"
-    budget = cfg.get(f"{ARR}.{role}.{key}") * cfg.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
-    width = trace_width(cfg) if cfg.profile == "legacy" else None
+    budgets, width = stage_budgets(cfg)
+    budget, width = budgets[stage], width if cfg.profile == "legacy" else None
     results, _, _ = run_ranks(
         "micro_batch_stage",
         _dp_lengths(trace, lengths),
@@ -142,9 +140,7 @@ def fixed_dynamic_run(cfg: Any, lengths: list[int], timeout_s: float = 3.0, upda
 
 def trace_width(cfg: Any) -> int:
     """The rollout's padded width (prompt + response length): legacy's E31 compares the budget to it."""
-    from labkit.rules.geometry import BatchGeometry
-
-    return BatchGeometry.from_config(cfg).width
+    return stage_budgets(cfg)[1]
 
 
 def unsynced_dynamic_bsz(timeout_s: float = 3.0, fix: bool = True) -> HangRun:

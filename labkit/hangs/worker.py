@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from labkit.balance.micro_batches import rearrange_micro_batches
+from labkit.rules.collectives import micro_batch_sync_name
 from labkit.runtime import dist
 from labkit.runtime.dispatch import Dispatch, Worker, register
 
@@ -120,13 +121,8 @@ class HangWorker(Worker):
                 seen = {"max": 0}
 
                 def dp_sync(op: str, values: list[int]) -> list[int]:
-                    if op == "min":
-                        name = "all_reduce(min):within_limit"
-                    else:
-                        name = (
-                            "all_reduce(max):num_micro_batches" if seen["max"] == 0 else "all_reduce(max):group_stats"
-                        )
-                        seen["max"] += 1
+                    name = micro_batch_sync_name(op, seen["max"])
+                    seen["max"] += op == "max"
                     t = torch.tensor(values, dtype=torch.long)
                     dist.all_reduce(t, op, None if profile == "legacy" else self.dp_group, name=name)
                     if pad_light and name == "all_reduce(max):num_micro_batches":

@@ -26,6 +26,7 @@ from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
 from labkit.rl.actor_record import CallRecord
 from labkit.rules.catalogue import message
+from labkit.rules.collectives import micro_batch_sync_name
 from labkit.runtime import dist
 from labkit.runtime.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 
@@ -278,13 +279,11 @@ class ActorWorker(Worker):
         seen = {"max": 0}
 
         def sync(op: str, values: list[int]) -> list[int]:
+            name = micro_batch_sync_name(op, seen["max"])
+            seen["max"] += op == "max"
             t = torch.tensor(values, dtype=torch.long, device=self.device)
-            dist.all_reduce(t, op, group=group)
-            if op == "min":
-                rec.count("all_reduce(min):within_limit")
-            else:
-                rec.count("all_reduce(max):num_micro_batches" if seen["max"] == 0 else "all_reduce(max):group_stats")
-                seen["max"] += 1
+            dist.all_reduce(t, op, group=group, name=name)
+            rec.count(name)
             return t.tolist()
 
         plan = rearrange_micro_batches(

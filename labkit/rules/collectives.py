@@ -42,6 +42,14 @@ COLLECTIVES: dict[str, str] = {
 }
 
 
+def micro_batch_sync_name(op: str, max_syncs_before: int) -> str:
+    """The name of a DP all-reduce of rearrange_micro_batches: a MIN is the hard cap's "every bucket fits"; the first
+    MAX syncs the micro-batch count, a later one (engine) the group stats."""
+    if op == "min":
+        return "all_reduce(min):within_limit"
+    return "all_reduce(max):num_micro_batches" if max_syncs_before == 0 else "all_reduce(max):group_stats"
+
+
 def tp_generate_collectives(num_layers: int, forward_steps: int, tp: int, sync_logits: bool = True) -> dict[str, int]:
     """Collectives one rank of a rollout TP group issues in one generate call of ``forward_steps`` tokens (the longest
     response of its replica's rows): none at TP 1."""
