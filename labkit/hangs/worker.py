@@ -118,7 +118,7 @@ class HangWorker(Worker):
                         dist.all_gather_object(own, self.dp_group, name="all_gather_object(global_token_num)")
                     tokens = torch.tensor([sum(own)], dtype=torch.long)
                     dist.all_reduce(tokens, "sum", self.dp_group, name="all_reduce(sum):batch_num_tokens")
-                seen = {"max": 0}
+                seen = {"max": 0, "synced": 0}  # MAX syncs so far; the synced count (pad_light)
 
                 def dp_sync(op: str, values: list[int]) -> list[int]:
                     name = micro_batch_sync_name(op, seen["max"])
@@ -126,16 +126,15 @@ class HangWorker(Worker):
                     t = torch.tensor(values, dtype=torch.long)
                     dist.all_reduce(t, op, None if profile == "legacy" else self.dp_group, name=name)
                     if pad_light and name == "all_reduce(max):num_micro_batches":
-                        self._synced = int(t[0])  # the fork: as many real buckets as rows allow, dummies after
+                        seen["synced"] = int(t[0])  # the fork: as many real buckets as rows allow, dummies after
                         t[0] = min(int(t[0]), len(own))
                     return t.tolist()
 
-                self._synced = None
                 plan = rearrange_micro_batches(
                     own, budget, profile=profile, dp_sync=dp_sync if sync else None, max_seq_len=width
                 )
                 parts = list(plan.indices)
-                dummies = max(0, (self._synced or 0) - len(parts)) if pad_light else 0
+                dummies = max(0, seen["synced"] - len(parts)) if pad_light else 0
                 n_micro = len(parts) + dummies
                 for i in range(n_micro):
                     with dist.where(stage, i):
