@@ -296,7 +296,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         for f in notes:
             if f.code == "V1":
                 _print_note(con, f)
-        if first.code == "X2":  # split(0): a hang that ends in OOM in early verl (hang (c))
+        if first.code in ("X2", "E20"):  # a size normalised to 0: split(0) looped in early verl (hang (c))
             _print_hang_risks(con, cfg, ns, None)
         return 1
     try:

@@ -57,6 +57,9 @@ def test_config_risks_c_needs_no_lengths():
     )
     (c,) = config_risks(cfg, None)
     assert (c.kind, c.stage) == ("c", "old_log_prob") and "#12" in c.trigger
+    tiny_mini = dynamic_config("legacy", BUDGET, f"{ARR}.actor.ppo_mini_batch_size=1", f"{ARR}.rollout.n=1")
+    assert [(r.kind, r.stage) for r in config_risks(tiny_mini, None)] == [("c", "update_actor")]  # E20: M′ = 1 // 2
+    assert config_risks(dynamic_config(), None) == []
 
 
 def test_labkit_check_prints_the_hang_warnings(capsys):

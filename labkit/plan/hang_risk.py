@@ -128,18 +128,21 @@ def trace_risks(trace: Any, lengths: Sequence[int], budgets: dict[str, int], wid
                 if not any(o.kind == risk.kind and o.stage == risk.stage for o in out):
                     out.append(risk)
     for stage, err in (trace.summary.get("stage_errors") or {}).items():
-        if err.get("code") == "X2":
+        if err.get("code") in ZERO_SIZE:
             out.append(
                 HangRisk(
-                    "c",
-                    stage,
-                    "a size normalised to 0 per GPU reaches split(0)",
-                    "early verl loops here without end while memory climbs, then OOMs (#12, #2490); "
-                    "later legacy verl raises X2",
-                    FIX["c"],
+                    "c", stage, "a size normalised to 0 per GPU reaches split(0)", ZERO_SIZE[err["code"]], FIX["c"]
                 )
             )
     return out
+
+
+# the errors of a size normalised to 0 that earlier verl met as an endless split(0) loop
+ZERO_SIZE = {
+    "X2": "early verl loops here without end while memory climbs, then OOMs (#12, #2490); later legacy verl raises X2",
+    "E20": "the normalised actor mini-batch is 0: before verl PR #552 added this assert, update_policy looped in "
+    "split(0) instead",
+}
 
 
 def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
