@@ -114,7 +114,7 @@ def test_any_live_collective_timeout_carries_the_per_rank_report():
     """Outside the lab too: the rank that times out reports stage, collective, call count and its Python stack in
     the error the driver raises."""
     from labkit.runtime.demo_worker import DemoWorker
-    from labkit.runtime.rank_errors import CollectiveTimeoutError
+    from labkit.runtime.rank_errors import CollectiveTimeoutError, RankError
     from labkit.runtime.worker_group import WorkerGroup
 
     with WorkerGroup(DemoWorker, 3, launcher="local", collective_timeout_s=TIMEOUT_S) as wg:
@@ -127,3 +127,29 @@ def test_any_live_collective_timeout_carries_the_per_rank_report():
         assert "skip_all_reduce" in report.split("Python stack (innermost last):", 1)[1]
     assert "hang report of rank 2" not in text  # it skipped the collective: it never waited
     assert wg.alive_pids() == []
+    # a collective torch runs itself (not labkit's guarded one) is named from the exception's own stack
+    with WorkerGroup(DemoWorker, 2, launcher="local", collective_timeout_s=TIMEOUT_S) as raw:
+        with pytest.raises(RankError) as err:
+            raw.raw_skip_all_reduce(1)
+    report = str(err.value).split("--- hang report of rank 0 ", 1)[1]
+    assert "failed in torch.distributed.all_reduce" in report and "raw_skip_all_reduce" in report
+
+
+def test_a_on_the_fsdp2_actor_the_heavy_rank_fails_in_fsdps_all_gather():
+    """The same hang on the training actor (FSDP2 shards of a tiny Qwen2, verl 0.7.1's skipped sync): rank 0's second
+    forward fails in torch's own all-gather after the timeout and reports stage, micro-batch and the torch call."""
+    from labkit.hangs.fsdp import fsdp_unsynced_dynamic_bsz
+
+    before = _descendants()
+    run = fsdp_unsynced_dynamic_bsz(timeout_s=TIMEOUT_S)
+    assert run.left_pids == [] and not (_descendants() - before)
+    d = run.diagnosis
+    assert (d.rank, d.stage, d.collective) == (0, "old_log_prob", "all_gather(params)")
+    heavy = d.ranks[0]
+    assert heavy.outcome == "timeout" and (heavy.call, heavy.micro_batch) == (2, 1)
+    assert run.results[0]["report"]["stage"] == "old_log_prob"
+    assert "all_gather" in run.results[0]["error"] or "Timed out" in run.results[0]["error"]
+    assert any("labkit/rl/actor.py" in line for line in heavy.stack)  # the stack reaches the actor's forward
+    assert d.ranks[1].outcome == "ok" and d.ranks[1].issued == {"all_gather(params)": 1}
+    assert run.fixed.completed and run.fixed.mismatches == []  # with the sync: 4 forwards each, as the plan says
+    assert {r: c["all_gather(params)"] for r, c in run.fixed.observed.items()} == {0: 4, 1: 4}

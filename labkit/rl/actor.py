@@ -286,11 +286,12 @@ class ActorWorker(Worker):
             rec.count(name)
             return t.tolist()
 
+        skip = self.s.extra.get("skip_dp_sync", False)  # verl 0.7.1 dp_actor: no dp_group, the MAX sync is skipped
         plan = rearrange_micro_batches(
             lens,
             budget,
             profile=self.s.profile,
-            dp_sync=sync,
+            dp_sync=None if skip else sync,
             max_seq_len=data.batch["attention_mask"].shape[-1] if legacy else None,
         )
         return plan.indices

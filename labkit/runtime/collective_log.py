@@ -30,6 +30,10 @@ def where(stage: str | None = None, micro_batch: int | None = None) -> Iterator[
     _WHERE.update(stage=stage if stage is not None else previous["stage"], micro_batch=micro_batch)
     try:
         yield
+    except BaseException as exc:  # the innermost labels travel with the exception (a raw torch collective failed)
+        if not hasattr(exc, "lk_where"):
+            exc.lk_where = dict(_WHERE)
+        raise
     finally:
         _WHERE.update(previous)
 
@@ -89,9 +93,20 @@ def note(name: str, outcome: str, t_start: float, rank: int | None, **extra: Any
         )
 
 
+def _pick(frames: list[str], skip: tuple[str, ...] = ()) -> list[str]:
+    """labkit's frames and the 3 innermost ones (where torch waited), innermost last, without the launcher's."""
+    kept = [x for x in frames if not any(s in x for s in SKIP_IN_STACK + skip)]
+    inner = set(range(len(kept) - 3, len(kept)))
+    return [x for i, x in enumerate(kept) if "/labkit/" in x or i in inner][-16:]
+
+
+def exception_stack(exc: BaseException) -> list[str]:
+    """The frames an exception came through (``_pick``)."""
+    return _pick(traceback.format_tb(exc.__traceback__))
+
+
 def main_stack(skip: tuple[str, ...] = ()) -> list[str]:
-    """The Python stack of the main thread (the one running the rank's call), innermost last, without the launcher's
-    frames and those of files named in ``skip``; the last 12 frames."""
+    """The Python stack of the main thread (the one running the rank's call), ``_pick``ed, without the frames of
+    files named in ``skip``."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    lines = traceback.format_stack(frame) if frame is not None else []
-    return [x for x in lines if not any(s in x for s in SKIP_IN_STACK + skip)][-12:]
+    return _pick(traceback.format_stack(frame) if frame is not None else [], skip)

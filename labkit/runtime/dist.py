@@ -330,6 +330,23 @@ def rank_report() -> dict[str, Any]:
     }
 
 
+def report_for(exc: BaseException) -> dict[str, Any]:
+    """The rank_report of an exception raised inside a collective torch ran itself (FSDP's all-gathers): stage and
+    micro-batch from the where() block it left, the torch function it waited in, and the stack it came through."""
+    report = rank_report()
+    labels = getattr(exc, "lk_where", None) or {}
+    report.update(stage=labels.get("stage"), micro_batch=labels.get("micro_batch"))
+    tb, fn = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace(os.sep, "/").endswith("distributed/distributed_c10d.py"):
+            fn = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    if fn is not None:
+        report.update(waiting_in=f"torch.distributed.{fn}", call=None)
+    report["stack"] = collective_log_module.exception_stack(exc)
+    return report
+
+
 @contextmanager
 def guarded(name: str, group: Any = None, timeout_s: float | None = None, count: bool = True) -> Iterator[float]:
     """Publish "this rank waits in collective `name`" while the block runs; a RuntimeError inside (gloo's timeout or

@@ -37,7 +37,7 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
         env["report"] = exc.report or dist.rank_report()
     elif _raised_in_torch_distributed(exc):  # e.g. a raw torch.distributed collective timed out: the group is suspect
         env["pg_error"] = True
-        env["report"] = dist.rank_report()
+        env["report"] = dist.report_for(exc)
     if env.get("report"):  # the per-rank dump: after the remote traceback, and on its own for the driver's error
         env["report_text"] = format_report(env["report"])
         env["traceback"] += env["report_text"]
@@ -47,7 +47,9 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
 def format_report(report: dict[str, Any]) -> str:
     """A rank_report as the lines of a per-rank hang dump: where the rank is, its counts, its Python stack."""
     where = f"stage {report.get('stage')}, micro-batch {report.get('micro_batch')}"
-    if report.get("waiting_in"):
+    if report.get("waiting_in") and report.get("call") is None:  # a collective torch ran itself (FSDP)
+        what = f"failed in {report['waiting_in']} (a collective torch runs itself)"
+    elif report.get("waiting_in"):
         what = (
             f"waiting in {report['waiting_in']} (call #{report.get('call')}) over ranks {report.get('group')} "
             f"for {report.get('waited_s') or 0:.1f} s"
