@@ -47,15 +47,22 @@ def _parser() -> argparse.ArgumentParser:
             default="engine",
             help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)",
         )
+        s.add_argument(
+            "--lengths",
+            default=None,
+            help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,..."
+            + (
+                "; check: also warns of hangs these lengths trigger (a profile: with their probability)"
+                if name == "check"
+                else ""
+            ),
+        )
+        if name == "check":
+            s.add_argument("--seed", type=int, default=0, help="first seed of the drawn length profiles")
         if name == "memory":
             memory_command.add_arguments(s)
         if name == "plan":
             s.add_argument("--json", action="store_true", help="print StepTrace.to_json() instead of tables")
-            s.add_argument(
-                "--lengths",
-                default=None,
-                help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,...",
-            )
             s.add_argument(
                 "--dispatch",
                 choices=("mesh", "all_gather"),
@@ -295,9 +302,12 @@ def cmd_check(ns: argparse.Namespace) -> int:
         for f in notes:
             if f.code == "V1":
                 _print_note(con, f)
+        if first.code in ("X2", "E20"):  # a size normalised to 0: split(0) looped in early verl (hang (c))
+            _print_hang_risks(con, cfg, ns, None)
         return 1
     try:
-        errors = plan(cfg).summary.get("stage_errors") or {}
+        planned = plan(cfg)
+        errors = planned.summary.get("stage_errors") or {}
     except PlanTooLarge as exc:
         con.print(
             f"[green]verl's start-up checks accept this config[/green] ({cfg.profile} profile); the first step "
@@ -309,11 +319,27 @@ def cmd_check(ns: argparse.Namespace) -> int:
         for stage, err in errors.items():
             con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
             _print_docs(con, err["code"])
+        _print_hang_risks(con, cfg, ns, planned)
         return 1
     con.print(f"[green]verl accepts this config[/green] ({cfg.profile} profile).")
     for f in notes:
         _print_note(con, f)
+    _print_hang_risks(con, cfg, ns, planned)
     return 0
+
+
+def _print_hang_risks(con: Console, cfg: Any, ns: argparse.Namespace, planned: StepTrace | None) -> None:
+    """Warnings of the hangs (a)-(c) this config (with --lengths) can meet (labkit.plan.hang_risk)."""
+    from labkit.plan.hang_risk import config_risks
+    from labkit.plan.step import PlanTooLarge
+
+    lengths = parse_lengths(ns.lengths) if ns.lengths else None
+    try:
+        risks = config_risks(cfg, lengths, seed=ns.seed, trace=planned)
+    except PlanTooLarge:  # a step too large to plan per rank: no per-rank prediction
+        return
+    for risk in risks:
+        con.print(f"  warning: {risk.line()}", markup=False)
 
 
 def _print_note(con: Console, f: Any) -> None:

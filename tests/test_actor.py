@@ -400,6 +400,10 @@ def test_trace_matches_plan(name, profile, dynamic, ref):
     assert mismatches == [], "\n".join(map(str, mismatches))
     live = wg.trace.at("old_log_prob")
     assert all(r.micro_batches for r in live) and len(live) == W
+    for stage in ("old_log_prob", "update_actor"):  # and each micro-batch's own collectives (forward, backward)
+        per_micro = [r.extra["micro_collectives"] for r in wg.trace.at(stage)]
+        assert per_micro == [r.extra["micro_collectives"] for r in predicted.at(stage)]
+        assert all(len(m) == r.n_micro for m, r in zip(per_micro, wg.trace.at(stage)))
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------

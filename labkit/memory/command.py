@@ -37,7 +37,6 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model", default="tiny-qwen2", help=f"model shape: {', '.join(model_names())}")
     s.add_argument("--gpu-memory", default=None, help="capacity of one GPU, e.g. 80GiB, 141GB (GB = 10^9 bytes)")
     s.add_argument("--gpu", default=None, help=f"a GPU preset instead: {', '.join(gpu_names())}")
-    s.add_argument("--lengths", default=None, help="a length profile or L1,L2,...: micro-batches from the plan")
     s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
 
 

@@ -4,15 +4,21 @@ The communication half of labkit's rollout TP (picotron's ``tp_communications`` 
 ``labkit.model.tp_parallel``). The two region functions are Megatron-LM's ``f``/``g`` operators (Shoeybi et al. 2019, §3):
 ``copy_to_tp_region`` is identity forward / all-reduce backward, ``reduce_from_tp_region`` is all-reduce forward /
 identity backward. verl has no such code of its own: it delegates rollout TP to vLLM, which uses the same pair.
+Every call goes through ``labkit.runtime.dist`` (a timeout, the hang report, the per-rank log), counted under the
+planner's names: "all_reduce(tp)", "broadcast(tp):logits", "all_gather(tp):fingerprint"
+(``labkit.rules.collectives.tp_generate_collectives`` predicts them).
 """
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+
+from labkit.runtime import dist as ldist
 
 __all__ = [
     "tp_rank",
@@ -50,7 +56,7 @@ def _all_reduce_sum(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor
     if tp_size(group) == 1:
         return x
     out = x.contiguous().clone()  # all_reduce works in place; never clobber a tensor autograd saved
-    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    ldist.all_reduce(out, "sum", group=group, name="all_reduce(tp)")
     _COUNTS["all_reduce"] += 1
     return out
 
@@ -98,7 +104,8 @@ def broadcast_from_tp_rank0(x: torch.Tensor, group: ProcessGroup | None) -> torc
     if tp_size(group) == 1:
         return x
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast(x, src=src, group=group)
+    with ldist.guarded("broadcast(tp):logits", group) as timeout:
+        dist.broadcast(x, src=src, group=group, async_op=True).wait(datetime.timedelta(seconds=timeout))
     _COUNTS["broadcast"] += 1
     return x
 
@@ -125,7 +132,6 @@ def tp_fingerprints_agree(ids: torch.Tensor, group: ProcessGroup | None) -> bool
     if n == 1:
         return True
     mine = _fingerprint(ids)
-    gathered = [torch.empty_like(mine) for _ in range(n)]
-    dist.all_gather(gathered, mine, group=group)
+    gathered = ldist.all_gather(mine, group, _name="all_gather(tp):fingerprint")
     _COUNTS["all_gather"] += 1
     return all(torch.equal(g, gathered[0]) for g in gathered)

@@ -32,6 +32,10 @@ def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dic
     return [static_partitions(len(c), p.micro, ctx.profile) for c in chunks], {}
 
 
+# engine (0.9.1) TrainingWorker._postprocess_output, once per forward-only call and per update mini-batch
+ENGINE_METRIC_COLLS = {"all_reduce(avg):loss": 1, "all_gather_object(metrics)": 1}
+
+
 def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
     out = {"all_gather(params)": n_micro}
     if sp > 1:  # the attention all-to-all runs over the mesh's SP group
@@ -103,8 +107,12 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
             if ctx.profile == "engine":
                 coll["all_reduce(sum):batch_num_tokens"] = 1
             _add(coll, _forward_colls(len(micro), sp, p.slice_sp))
+            if ctx.profile == "engine":
+                _add(coll, ENGINE_METRIC_COLLS)
         if per_sp is not None:
             extra["tokens_per_sp_rank"] = per_sp
+        if micro and parts is not None:  # each micro-batch's own collectives (its forward)
+            extra["micro_collectives"] = [_forward_colls(1, sp, p.slice_sp) for _ in micro]
         padded = [x.padded_tokens for x in micro]
         tr.ranks.append(
             RankRecord(
@@ -220,11 +228,13 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         dp, spr = actor_layout(rank, sp)
         if dp not in per_dp:
             per_dp[dp] = _update_rank(ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs)
-        micro_all, ga_list, scales, coll = per_dp[dp]
+        micro_all, ga_list, scales, coll, per_micro = per_dp[dp]
         coll = dict(coll)
         if ctx.dispatch == "all_gather" and sp > 1:
             coll["all_gather(data_proto)"] = 1
         extra = {"ga_per_mini": ga_list, "optimizer_steps": steps, "epochs": epochs, "dynamic": dyn}
+        if per_micro:
+            extra["micro_collectives"] = per_micro
         if scales:
             extra["loss_scale_per_micro"] = scales
         padded = [x.padded_tokens for x in micro_all]
@@ -260,8 +270,9 @@ def _update_rank(
     dyn: bool,
     epochs: int,
 ) -> tuple[list, list, list, dict]:
-    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives."""
-    micro_epoch, ga_epoch, scales, coll = [], [], [], {}
+    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives
+    (per rank, and per micro-batch: its forward and backward)."""
+    micro_epoch, ga_epoch, scales, coll, per_micro = [], [], [], {}, []
     legacy = ctx.profile == "legacy"
     for j, (parts, sync) in enumerate(per_mini):
         if parts is None:
@@ -274,7 +285,8 @@ def _update_rank(
             scales.extend(f"1/{mini // m}" if not dyn else f"{x.rows}/{mini}" for x in micro)
         _add(coll, sync)
         if not legacy:
-            _add(coll, {"all_reduce(sum):batch_num_tokens": 1})
+            _add(coll, {"all_reduce(sum):batch_num_tokens": 1, "all_gather_object(global_token_num)": 1})
+            _add(coll, ENGINE_METRIC_COLLS)
         n = len(micro)
         _add(
             coll,
@@ -287,5 +299,14 @@ def _update_rank(
         )
         if sp > 1:
             _add(coll, {"all_to_all(ulysses)": n, "all_to_all(ulysses):backward": n, "all_gather(ulysses_outputs)": n})
+        for i in range(n):  # legacy syncs gradients after every micro-batch, engine only after the last (no_sync)
+            one = {"all_gather(params)": 1, "all_gather(params):backward": 1}
+            if legacy or i == n - 1:
+                one["reduce_scatter(grads)"] = 1
+            if sp > 1:
+                one.update(
+                    {"all_to_all(ulysses)": 1, "all_gather(ulysses_outputs)": 1, "all_to_all(ulysses):backward": 1}
+                )
+            per_micro.append(one)
     coll = {k: v * epochs for k, v in coll.items()}
-    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll
+    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll, per_micro * epochs

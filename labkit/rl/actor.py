@@ -26,6 +26,7 @@ from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
 from labkit.rl.actor_record import CallRecord
 from labkit.rules.catalogue import message
+from labkit.rules.collectives import micro_batch_sync_name
 from labkit.runtime import dist
 from labkit.runtime.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 
@@ -223,11 +224,17 @@ class ActorWorker(Worker):
             parts = self._dynamic_parts(rec, data, p.budget * sp)
         model.eval()
         lps, ents = [], []
+        stage = "old_log_prob" if which == "actor" else "ref_log_prob"
         with torch.no_grad():
-            for idx in parts:
-                lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
+            for i, idx in enumerate(parts):
+                with dist.where(stage, i):
+                    lp, ent = self._forward(rec, model, data, idx, temperature, calculate_entropy)
                 lps.append(lp.cpu())
                 ents.append(ent.cpu() if ent is not None else None)
+        if s.profile == "engine":  # infer_batch's _postprocess_output: loss AVG-reduced, metrics gathered over DP
+            from labkit.rl.actor_metrics import postprocess
+
+            postprocess(self, rec, 0.0, {})
         lp = torch.cat(lps)
         ent = torch.cat(ents) if calculate_entropy else None
         if p.dynamic:
@@ -272,20 +279,19 @@ class ActorWorker(Worker):
         seen = {"max": 0}
 
         def sync(op: str, values: list[int]) -> list[int]:
+            name = micro_batch_sync_name(op, seen["max"])
+            seen["max"] += op == "max"
             t = torch.tensor(values, dtype=torch.long, device=self.device)
-            dist.all_reduce(t, op, group=group)
-            if op == "min":
-                rec.count("all_reduce(min):within_limit")
-            else:
-                rec.count("all_reduce(max):num_micro_batches" if seen["max"] == 0 else "all_reduce(max):group_stats")
-                seen["max"] += 1
+            dist.all_reduce(t, op, group=group, name=name)
+            rec.count(name)
             return t.tolist()
 
+        skip = self.s.extra.get("skip_dp_sync", False)  # verl 0.7.1 dp_actor: no dp_group, the MAX sync is skipped
         plan = rearrange_micro_batches(
             lens,
             budget,
             profile=self.s.profile,
-            dp_sync=sync,
+            dp_sync=None if skip else sync,
             max_seq_len=data.batch["attention_mask"].shape[-1] if legacy else None,
         )
         return plan.indices

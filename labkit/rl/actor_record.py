@@ -33,8 +33,15 @@ class CallRecord:
         self.mini_batches: list[int] = []
         self.extra: dict[str, Any] = {}
 
-    def count(self, name: str, times: int = 1) -> None:
+    def count(self, name: str, times: int = 1, micro: bool = False) -> None:
+        """Count a collective of this call; ``micro``: it belongs to the latest micro-batch (its forward/backward),
+        also listed per micro-batch in extra["micro_collectives"]."""
         self.collectives[name] += times
+        if micro:
+            per = self.extra.setdefault("micro_collectives", [])
+            while len(per) < len(self.micro_batches):
+                per.append({})
+            per[-1][name] = per[-1].get(name, 0) + times
 
     def micro(self, rows: list[int], mask: torch.Tensor, rmpad: bool, sp: int, pad_to_longest: bool = False) -> None:
         """A micro-batch of the rank's rows ``rows`` (positions in the dispatched chunk); padded tokens as fed: packed
@@ -61,21 +68,21 @@ class CallRecord:
     def forward(self, before: dict[str, int], sp: int) -> None:
         """After one micro-batch forward: FSDP unsharded the parameters; with SP, attention ran its all-to-alls and
         the outputs were gathered (both observed through labkit.runtime.dist's counters)."""
-        self.count("all_gather(params)")
+        self.count("all_gather(params)", micro=True)
         if sp > 1:
             after = dist.collective_counts()
             if after.get("all_to_all", 0) > before.get("all_to_all", 0):
-                self.count("all_to_all(ulysses)")
+                self.count("all_to_all(ulysses)", micro=True)
             if after.get("all_gather", 0) > before.get("all_gather", 0):
-                self.count("all_gather(ulysses_outputs)")
+                self.count("all_gather(ulysses_outputs)", micro=True)
 
     def backward(self, before: dict[str, int], sp: int, synced: bool) -> None:
         """After one micro-batch backward: parameters re-gathered, gradients reduce-scattered when sync is on."""
-        self.count("all_gather(params):backward")
+        self.count("all_gather(params):backward", micro=True)
         if synced:
-            self.count("reduce_scatter(grads)")
+            self.count("reduce_scatter(grads)", micro=True)
         if sp > 1 and dist.collective_counts().get("all_to_all", 0) > before.get("all_to_all", 0):
-            self.count("all_to_all(ulysses):backward")
+            self.count("all_to_all(ulysses):backward", micro=True)
 
     def finish(self) -> dict[str, Any]:
         return {

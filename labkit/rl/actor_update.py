@@ -19,6 +19,7 @@ import torch
 from labkit.model.logprob import forward_micro_batch
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
+from labkit.rl.actor_metrics import global_token_num, postprocess
 from labkit.rl.actor_record import CallRecord
 from labkit.rl.algo import agg_loss, kl_penalty, micro_batch_loss_scale, policy_loss_vanilla
 from labkit.runtime import dist
@@ -84,7 +85,8 @@ def run_update(w: Any, data: DataProto) -> DataProto:
     for j, idx in enumerate(schedule):
         sub = data.select_idxs(idx)
         total_tokens = None
-        if not legacy:
+        if not legacy:  # train_mini_batch: row lengths gathered for MFU, then forward_backward_batch's token sum
+            global_token_num(w, rec, sub.batch["attention_mask"].sum(-1).tolist())
             total_tokens = w._batch_num_tokens(rec, sub, p.budget * sp if p.dynamic else None)
         parts = w._dynamic_parts(rec, sub, p.budget * sp) if p.dynamic else statics[j]
         parts = [[idx[i] for i in part] for part in parts]  # positions in the rank's rows
@@ -105,11 +107,12 @@ def run_update(w: Any, data: DataProto) -> DataProto:
                 ga = None if p.dynamic else mini // p.micro  # GA = M′ // m
                 scale = micro_batch_loss_scale("legacy", kind, len(part), mini, ga)
             rec.extra["loss_scale_per_micro"].append(scale)
-            loss, m = _micro_loss(w, rec, data, part, temperature, calc_entropy, on_policy, info)
-            mini_loss += loss.detach().item()
-            before = dist.collective_counts()
-            (loss * scale).backward()
-            rec.backward(before, sp, synced)
+            with dist.where("update_actor", i):  # labels this micro-batch's guarded collectives (hang report)
+                loss, m = _micro_loss(w, rec, data, part, temperature, calc_entropy, on_policy, info)
+                mini_loss += loss.detach().item()
+                before = dist.collective_counts()
+                (loss * scale).backward()
+                rec.backward(before, sp, synced)
             if legacy:
                 metrics["actor/pg_loss"] += m.pop("pg_loss") * scale
                 metrics["actor/kl_loss"] += m.pop("kl_loss", 0.0) * scale
@@ -128,8 +131,8 @@ def run_update(w: Any, data: DataProto) -> DataProto:
                 metrics.setdefault(k, []).append(v)
             metrics.setdefault("actor/grad_norm", []).append(grad_norm)
             # engine_workers._postprocess_output: loss = Σ micro-batch losses of the mini-batch (each the full
-            # ppo_loss, global denominators), AVG-all-reduced over DP (reduce_engine averages the ranks' values)
-            metrics.setdefault("actor/loss", []).append(mini_loss)
+            # ppo_loss, global denominators), AVG-all-reduced over DP; the metrics are gathered over DP
+            metrics.setdefault("actor/loss", []).append(postprocess(w, rec, mini_loss, mini_metrics))
     w.optimizer.zero_grad()
     metrics["actor/lr"] = s.lr if legacy else [s.lr] * len(schedule)
     w.records.append(rec.finish())

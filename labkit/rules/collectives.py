@@ -27,4 +27,35 @@ COLLECTIVES: dict[str, str] = {
     "all_to_all(ulysses):backward": "Ulysses all-to-all in the backward pass; once per micro-batch backward (sp > 1)",
     "all_gather(ulysses_outputs)": "gather_outputs_and_unpad of log-probs (or values) over the SP group; once per "
     "micro-batch forward (sp > 1)",
+    "all_reduce(avg):loss": "engine (0.9.1) _postprocess_output: the summed micro-batch losses AVG-reduced over the "
+    "DP group; once per forward-only call and once per update mini-batch",
+    "all_gather_object(metrics)": "engine (0.9.1) _postprocess_output: every rank's metrics gathered over the DP "
+    "group (allgather_dict_into_dict); once per forward-only call and once per update mini-batch",
+    "all_gather_object(global_token_num)": "engine (0.9.1) train_mini_batch: each row's tokens gathered over the DP "
+    "group for MFU; once per update mini-batch",
+    "all_reduce(tp)": "rollout TP: the row-parallel partial sums (attention o_proj and MLP down_proj) all-reduced in "
+    "the TP group; 2 per decoder layer per forward step of generate",
+    "broadcast(tp):logits": "rollout TP: each forward step's logits broadcast from TP rank 0 so every TP rank samples "
+    "the same token (labkit's stand-in for vLLM's driver-side sampling); once per forward step",
+    "all_gather(tp):fingerprint": "rollout TP: a fingerprint of the prompts before generate and of the outputs after, "
+    "gathered to check every TP rank holds the same rows; twice per generate call",
 }
+
+
+def micro_batch_sync_name(op: str, max_syncs_before: int) -> str:
+    """The name of a DP all-reduce of rearrange_micro_batches: a MIN is the hard cap's "every bucket fits"; the first
+    MAX syncs the micro-batch count, a later one (engine) the group stats."""
+    if op == "min":
+        return "all_reduce(min):within_limit"
+    return "all_reduce(max):num_micro_batches" if max_syncs_before == 0 else "all_reduce(max):group_stats"
+
+
+def tp_generate_collectives(num_layers: int, forward_steps: int, tp: int, sync_logits: bool = True) -> dict[str, int]:
+    """Collectives one rank of a rollout TP group issues in one generate call of ``forward_steps`` tokens (the longest
+    response of its replica's rows): none at TP 1."""
+    if tp <= 1:
+        return {}
+    out = {"all_gather(tp):fingerprint": 2, "all_reduce(tp)": 2 * num_layers * forward_steps}
+    if sync_logits:
+        out["broadcast(tp):logits"] = forward_steps
+    return out

@@ -29,6 +29,9 @@ class RankError(WorkerGroupError):
             text += f"\n(also failed: ranks {self.others})"
         if self.remote_traceback:
             text += f"\n--- remote traceback of rank {self.rank} ---\n{self.remote_traceback.rstrip()}"
+        for other in others or []:  # every other rank's hang report (stage, collective, call, stack), if it sent one
+            if other.get("report_text"):
+                text += "\n" + other["report_text"].rstrip()
         super().__init__(text)
 
 

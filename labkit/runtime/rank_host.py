@@ -34,9 +34,34 @@ def error_envelope(rank: int, method: str, exc: BaseException) -> dict[str, Any]
             "elapsed_s": exc.elapsed_s,
             "timeout_s": exc.timeout_s,
         }
+        env["report"] = exc.report or dist.rank_report()
     elif _raised_in_torch_distributed(exc):  # e.g. a raw torch.distributed collective timed out: the group is suspect
         env["pg_error"] = True
+        env["report"] = dist.report_for(exc)
+    if env.get("report"):  # the per-rank dump: after the remote traceback, and on its own for the driver's error
+        env["report_text"] = format_report(env["report"])
+        env["traceback"] += env["report_text"]
     return env
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A rank_report as the lines of a per-rank hang dump: where the rank is, its counts, its Python stack."""
+    where = f"stage {report.get('stage')}, micro-batch {report.get('micro_batch')}"
+    if report.get("waiting_in") and report.get("call") is None:  # a collective torch ran itself (FSDP)
+        what = f"failed in {report['waiting_in']} (a collective torch runs itself)"
+    elif report.get("waiting_in"):
+        what = (
+            f"waiting in {report['waiting_in']} (call #{report.get('call')}) over ranks {report.get('group')} "
+            f"for {report.get('waited_s') or 0:.1f} s"
+        )
+    else:
+        what = f"not in a collective; last completed {report.get('last_completed')} (call #{report.get('call')})"
+    counts = ", ".join(f"{k}×{v}" for k, v in sorted((report.get("counts") or {}).items())) or "none"
+    stack = "".join(report.get("stack") or []).rstrip()
+    return (
+        f"--- hang report of rank {report.get('rank')} (pid {report.get('pid')}) ---\n{where}: {what}\n"
+        f"completed collectives: {counts}\nPython stack (innermost last):\n{stack}\n"
+    )
 
 
 def not_ready_envelope(rank: int, waited_s: float, timeout_s: float) -> dict[str, Any]:
@@ -169,7 +194,11 @@ class RankHost:
 
     def status(self) -> dict[str, Any]:
         """What the rank is doing now: method and in-flight collective (answered while a call blocks)."""
-        return {"rank": self.rank, "pid": self.pid, "method": self.current, "inflight": dist.inflight()}
+        inflight = dist.inflight()
+        out = {"rank": self.rank, "pid": self.pid, "method": self.current, "inflight": inflight}
+        if inflight is not None:  # the watchdog asks while the call blocks: where this rank waits, and its stack
+            out["report"] = dist.rank_report()
+        return out
 
     def shutdown(self) -> dict[str, Any]:
         """Destroy the process group; reports whether none is left."""
