@@ -131,6 +131,7 @@ def test_a_hung_rank_is_named_by_the_driver_watchdog(launcher):
         err, took = _fails(wg, "stuck_in_collective", 1, 60)
         assert isinstance(err, controller.CollectiveTimeoutError) and err.rank == 1, err
         assert "driver watchdog: rank 1" in str(err) and took < BOUND_S
+        assert "stuck_in_collective" in err.remote_traceback, "the hung rank's report carries its Python stack"
 
 
 def test_two_groups_at_once_and_create_close_cycles(launcher):

@@ -105,8 +105,17 @@ def exception_stack(exc: BaseException) -> list[str]:
     return _pick(traceback.format_tb(exc.__traceback__))
 
 
+_CALL_THREAD: int | None = None  # the thread running the rank's current call (Ray runs calls off the main thread)
+
+
+def mark_call_thread() -> None:
+    """Record the calling thread as the one running the rank's call (its stack is the one a report shows)."""
+    global _CALL_THREAD
+    _CALL_THREAD = threading.get_ident()
+
+
 def main_stack(skip: tuple[str, ...] = ()) -> list[str]:
-    """The Python stack of the main thread (the one running the rank's call), ``_pick``ed, without the frames of
-    files named in ``skip``."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    """The Python stack of the thread running the rank's call (the main thread unless a host marked another),
+    ``_pick``ed, without the frames of files named in ``skip``."""
+    frame = sys._current_frames().get(_CALL_THREAD or threading.main_thread().ident)
     return _pick(traceback.format_stack(frame) if frame is not None else [], skip)

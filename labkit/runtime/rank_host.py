@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any
 
-from labkit.runtime import dist
+from labkit.runtime import collective_log, dist
 from labkit.runtime.dispatch import first_batch_arg, is_data_proto, rows_tokens
 
 CALL_QUERY = "_lk_query"  # built-in: a rank's registered dispatch info (dp_rank / is_collect) for a mesh
@@ -157,6 +157,7 @@ class RankHost:
     def _call(
         self, method: str, args: tuple, kwargs: dict, gather_group: str | None, mesh_name: str | None
     ) -> dict[str, Any]:
+        collective_log.mark_call_thread()
         before = dist.collective_counts()
         t0 = time.perf_counter()
         recv_rows, recv_tokens = rows_tokens(first_batch_arg(args, kwargs))

@@ -35,7 +35,7 @@ from labkit.runtime.rank_errors import (
     WorkerGroupError,
     root_cause,
 )
-from labkit.runtime.rank_host import CALL_QUERY
+from labkit.runtime.rank_host import CALL_QUERY, format_report
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 GRACE_S = 2.0  # the driver's watchdog fires this long after a collective's own timeout
@@ -356,7 +356,7 @@ class WorkerGroup:
                                 f"{inf['timeout_s']:g} s)"
                             ),
                             "collective": inf,
-                            "traceback": "",
+                            "traceback": format_report(st["report"]) if st.get("report") else "",
                         }
                         raise root_cause([env] + failed, stage)
             if now - t0 > self.timeout_s:
