@@ -92,6 +92,7 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
     s["mini_batches"] = upd.get("mini_batches")
     s["mini_batches_per_epoch"] = len(upd["mini_batches"]) if upd else None
     s["ga"] = upd.get("ga")
+    s["micro_batches_run"] = upd.get("micro_batches_run")
     first = next(iter(tr.at("update_actor")), None)
     s["ga_per_mini"] = first.extra.get("ga_per_mini") if first is not None and first.micro_batches else None
     s["optimizer_steps_per_step"] = upd.get("optimizer_steps")

@@ -185,12 +185,18 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)
     else:
         per_mini = [_cut(ctx, p, sub) for sub in subs]
-    ga = None if dyn else len(per_mini[0][0][0])
+    run = None if dyn else len(per_mini[0][0][0])  # micro-batches rank 0 runs in its first mini-batch
+    # verl's GA: legacy dp_actor's gradient_accumulation = M′ // m (the loss scale 1/GA), even when a rank holds
+    # fewer than M′ rows and runs fewer micro-batches; the engine has no GA variable, so GA = the micro-batches run
+    ga = None if dyn else (mini // m if ctx.profile == "legacy" and m else run)
     steps = epochs * len(minis)
-    scale = loss_scale(ctx, name, D, mini, mini // m if (m and not dyn) else ga, dyn)
+    scale = loss_scale(ctx, name, D, mini, ga, dyn)
+    ga_text = f"GA = {mini}//{m} = {ga}" if ctx.profile == "legacy" else f"GA = micro-batches per mini-batch = {ga}"
+    if not dyn and run != ga:
+        ga_text += f" (micro-batches run: {run}, the rank holds fewer rows than M′)"
     rec.formula = (
         f"{text}; {len(minis)} mini-batch(es)/epoch {minis}; "
-        + (f"GA = {mini}/{m} = {ga}" if not dyn else "GA = dynamic micro count")
+        + (ga_text if not dyn else "GA = dynamic micro count")
         + f"; optimizer steps = ppo_epochs × mini-batches = {epochs} × {len(minis)} = {steps}"
     )
     notes = [f"loss scale: {scale}"] + p.notes
@@ -210,6 +216,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         "mini_normalized": mini,
         "mini_batches": minis,
         "ga": ga,
+        "micro_batches_run": run,
         "epochs": epochs,
         "optimizer_steps": steps,
         "loss_scale": scale,

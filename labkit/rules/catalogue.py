@@ -132,7 +132,7 @@ the exception type, where in verl's source it is raised (`file: function`), the 
 fires, and why. `labkit explain CODE` prints the same entry in a terminal.
 
 Codes: `E1`-`E45` are verl's own batch-size errors; `B1`-`B3` bare asserts (no message) of the 0.9.1 engine
-workers; `X1`-`X4` Python or torch errors verl's code runs into; `S1`-`S4` silent behaviours; `N1`-`N5` printed
+workers; `X1`-`X5` Python or torch errors verl's code runs into or raises without a message; `S1`-`S4` silent behaviours; `N1`-`N5` printed
 notices and conditional failures; `GA` and `V1` labkit information.
 
 labkit models two profiles: `legacy` = the workers of verl <= 0.8 (`fsdp_workers.py`, `dp_actor.py`), and
