@@ -45,7 +45,11 @@ def outcome(fn, *args, **kwargs):
 
 
 def cfg_of(overrides, profile):
-    return load_config(overrides=list(SEED_EXAMPLE) + list(overrides), profile=profile)
+    """A config; engine ones follow the v0 loop (trainer.use_v1=false) unless the overrides set the flag."""
+    overrides = list(SEED_EXAMPLE) + list(overrides)
+    if profile == "engine" and not any(o.startswith("trainer.use_v1=") for o in overrides):
+        overrides.append("trainer.use_v1=false")
+    return load_config(overrides=overrides, profile=profile)
 
 
 def startup_error(cfg):

@@ -22,7 +22,11 @@ SEED8 = [800, 6500, 1200, 4000, 9000, 2500, 1500, 7500]
 
 
 def cfg_of(overrides, profile="legacy"):
-    return load_config(overrides=list(overrides), profile=profile)
+    """A config; engine ones follow the v0 loop (trainer.use_v1=false) unless the overrides set the flag."""
+    overrides = list(overrides)
+    if profile == "engine" and not any(o.startswith("trainer.use_v1=") for o in overrides):
+        overrides.append("trainer.use_v1=false")
+    return load_config(overrides=overrides, profile=profile)
 
 
 def one_rank(lengths_n: int, budget: int, extra=()):

@@ -60,13 +60,14 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
     chunks = ctx.dp_chunks(D)
     rows = ctx.geo.samples // D
-    rec.per_rank_rows = rows
+    even = all(len(c) == rows for c in chunks)  # v1's TransferQueue chunks may be uneven (k ≠ the actor's D)
+    rec.per_rank_rows = rows if even else None
     parts, sync = _cut(ctx, p, chunks)
     notes = list(p.notes)
     if dyn:
         budget = p.budget * p.budget_sp
         rec.formula = (
-            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; dynamic: budget = {p.budget}×sp = {budget} "
+            f"{ctx.rows_name}/D = {ctx.geo.samples}/{D} = {rows} rows; dynamic: budget = {p.budget}×sp = {budget} "
             "tokens, count synced (MAX) over the DP group"
         )
         notes.insert(
@@ -81,7 +82,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         sizes = [len(x) for x in parts[0]]
         how = "split" if ctx.profile == "legacy" else "chunk"
         rec.formula = (
-            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
+            f"{ctx.rows_name}/D = {ctx.geo.samples}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
             f"{sizes[0]}" + (f" (last {sizes[-1]})" if sizes[-1] != sizes[0] else "")
         )
     rec.note = "; ".join(notes)
@@ -112,7 +113,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
                 rank,
                 dp_rank=dp,
                 sp_rank=spr,
-                rows=rows,
+                rows=len(idx),
                 tokens=ctx.tokens(idx),
                 padded_tokens=sum(padded) if micro and None not in padded else None,
                 workload=sum(x.workload for x in micro) if micro and ctx.lengths is not None else None,
@@ -155,12 +156,24 @@ def loss_scale(ctx: Ctx, name: str, D: int, mini: int, ga: int | None, dyn: bool
     if ctx.profile == "legacy":
         return f"1/GA = 1/{ga}" if not dyn else f"rows_in_micro/M′ = rows/{mini}"
     mode = ctx.get(f"{ARR}.actor.loss_agg_mode" if name == "update_actor" else "critic.loss_agg_mode")
+    pad = ctx.v1 and ctx.geo.padding_rows > 0
     if mode == "token-mean":
-        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)"
+        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)" + (
+            " (v1 padding rows: loss mask 0, not in T_mini)" if pad else ""
+        )
     if mode == "token-sum":
         return f"Σℓ × D = Σℓ × {D}"
-    tail = " / (loss_scale_factor or response width)" if mode == "seq-mean-token-sum-norm" else ""
-    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}"
+    tail = ""
+    if mode == "seq-mean-token-sum-norm":
+        factor = ctx.get(f"{ARR}.actor.loss_scale_factor") if name == "update_actor" else None
+        if factor:
+            tail = f" / loss_scale_factor {factor}"
+        elif ctx.v1:  # v1's rows are nested: the padded loss mask is as wide as the micro-batch's longest response
+            tail = " / (the micro-batch's longest response: v1 rows are unpadded)"
+        else:
+            tail = f" / response_length {ctx.geo.response_length}"
+    fixed = " (v1 padding rows counted: M·n is fixed)" if pad else ""
+    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}{fixed}"
 
 
 def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
