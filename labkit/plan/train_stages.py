@@ -204,7 +204,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     ga = None if dyn else (mini // m if ctx.profile == "legacy" and m else run)
     steps = epochs * len(minis)
     scale = loss_scale(ctx, name, D, mini, ga, dyn)
-    ga_text = f"GA = {mini}//{m} = {ga}" if ctx.profile == "legacy" else f"GA = micro-batches per mini-batch = {ga}"
+    ga_text = f"GA = {mini}/{m} = {ga}" if ctx.profile == "legacy" else f"GA = micro-batches per mini-batch = {ga}"
     if not dyn and run != ga:
         ga_text += f" (micro-batches run: {run}, the rank holds fewer rows than M′)"
     rec.formula = (
