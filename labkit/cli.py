@@ -237,7 +237,7 @@ def summary_table(tr: StepTrace) -> Table:
 
 
 def _label(cfg: Any) -> str:
-    """"engine profile, v1 loop": the profile and, for verl 0.9.1, which trainer loop (``trainer.use_v1``)."""
+    """ "engine profile, v1 loop": the profile and, for verl 0.9.1, which trainer loop (``trainer.use_v1``)."""
     from labkit.rules.geometry import BatchGeometry
 
     loop = BatchGeometry.from_config(cfg).loop

@@ -22,7 +22,6 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
-
 from verl.trainer.ppo import core_algos, padding_utils  # noqa: E402
 from verl.trainer.ppo.v1 import replay_buffer  # noqa: E402
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402

@@ -174,7 +174,9 @@ def test_replay_buffer_order_is_completion_order(oracle):
         order = [p * n + s for p, s in job["order"]]
         ov = [f"data.train_batch_size={B}", f"{ARR}.rollout.n={n}", "trainer.n_gpus_per_node=1"]
         ov += [f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.actor.ppo_mini_batch_size={B}"]
-        tr = plan(load_config(overrides=ov + ["algorithm.adv_estimator=grpo"], profile="engine"), None, completion_order=order)
+        tr = plan(
+            load_config(overrides=ov + ["algorithm.adv_estimator=grpo"], profile="engine"), None, completion_order=order
+        )
         got = [f"u{p}_{s}_0" for p, s in tr.stage("replay_buffer").extra["rows"]]
         assert got == want["keys"]
 
@@ -221,7 +223,9 @@ def test_seed_example_under_v1_is_the_default():
     m25 = _seed(f"{ARR}.actor.ppo_mini_batch_size=25")
     assert m25.summary["padding_rows"] == 180 and m25.stage("balance").per_rank_rows == 150
     assert m25.summary["stage_errors"]["old_log_prob"]["code"] == "E30"
-    assert m25.summary["first_error"]["code"] == "E30" and "150 % 8" in " ".join(m25.summary["first_error"]["arithmetic"])
+    assert m25.summary["first_error"]["code"] == "E30" and "150 % 8" in " ".join(
+        m25.summary["first_error"]["arithmetic"]
+    )
     v0 = _seed(f"{ARR}.actor.ppo_mini_batch_size=25", "trainer.use_v1=false")
     assert v0.summary["loop"] == "v0" and v0.summary["stage_errors"]["update_actor"]["code"] == "E29"
     assert "old_log_prob" not in v0.summary["stage_errors"]

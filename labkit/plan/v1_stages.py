@@ -149,6 +149,9 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
     """Always-on ``_balance_batch``: equal-size KK into D partitions, each kept in ascending batch index (completion
     order, padding last); ``trainer.balance_batch`` is not read. Metrics on the padded, pre-reorder batch."""
     D, N = ctx.geo.dp_size, ctx.geo.samples
+    if not D:
+        tr.stages.append(StageRecord("balance", "_balance_batch (always)", N, "samples"))
+        raise mesh_failure(ctx.geo.world_size, ctx.geo.ulysses_sp)
     size = N // D
     rec = StageRecord(
         "balance",
@@ -160,7 +163,11 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
         ["trainer.balance_batch", f"{ARR}.actor.ulysses_sequence_parallel_size"],
         f"{BASE}._balance_batch",
         "KK over workloads 24576·L + L² (equal_size); rows inside a rank in completion order (no re-sort)"
-        + ("; trainer.balance_batch=false is ignored (verl issue #7758)" if not ctx.get("trainer.balance_batch") else "")
+        + (
+            "; trainer.balance_batch=false is ignored (verl issue #7758)"
+            if not ctx.get("trainer.balance_batch")
+            else ""
+        )
         + ("" if ctx.lengths is not None else "; no lengths given: tokens not predicted, order = identity"),
     )
     tr.stages.append(rec)

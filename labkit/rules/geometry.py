@@ -126,7 +126,9 @@ class BatchGeometry:
             )
         per_rank = f", {self.samples // self.dp_size:,} rows per DP rank" if self.dp_size else ""
         pad = (
-            f" + {self.padding_rows:,} v1 padding rows (multiple {self.required_multiple:,})" if self.padding_rows else ""
+            f" + {self.padding_rows:,} v1 padding rows (multiple {self.required_multiple:,})"
+            if self.padding_rows
+            else ""
         )
         return (
             f"too large to plan per rank: B·n = {self.prompts:,}·{self.rollout_n:,}{pad} = {self.samples:,} samples "
