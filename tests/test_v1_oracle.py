@@ -70,6 +70,31 @@ def _random_case(rng: random.Random) -> dict | None:
     return {"overrides": ov, "lens": lens, "order": order, "job": {**job, "rows": rows}}
 
 
+def _targeted_case(rng: random.Random) -> dict:
+    """B=334, n=8, D=8, M=1, a critic with Mc=261: lcm(8, 2088, 8) = 2088 → 1,504 padding rows, 522 rows per rank;
+    the padding fills whole actor mini-batches of one row per rank."""
+    B, n, W = 334, 8, 8
+    lens = [rng.randint(2, 256) for _ in range(B * n)]
+    ov = [
+        f"data.train_batch_size={B}",
+        f"{ARR}.rollout.n={n}",
+        f"trainer.n_gpus_per_node={W}",
+        f"{ARR}.rollout.tensor_model_parallel_size=1",
+        f"{ARR}.actor.ppo_mini_batch_size=1",
+        f"{ARR}.actor.ppo_micro_batch_size_per_gpu=1",
+        f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "data.max_prompt_length=128",
+        "data.max_response_length=128",
+        "algorithm.adv_estimator=gae",
+        "critic.ppo_mini_batch_size=261",
+        "trainer.use_v1=true",
+    ]
+    order = list(range(B * n))
+    rows = [[i // n, i % n, 1, lens[i] - 1] for i in order]
+    job = {"kind": "balance", "dp": W, "n": n, "mini": 1, "critic_mini": 261, "warmup": 0, "micro": 2}
+    return {"overrides": ov, "lens": lens, "order": order, "job": {**job, "rows": rows}}
+
+
 def _agg_case(rng: random.Random) -> dict:
     """One micro-batch of a v1 mini-batch: real rows, padding rows (1 response token, mask 0), nested widths."""
     real, pad = rng.randint(0, 6), rng.randint(0, 4)
@@ -96,8 +121,8 @@ def oracle():
     if not (ORACLE_V1 / "transfer_queue").is_dir():
         pytest.skip(f"{ORACLE_V1} is absent: make venv installs TransferQueue and verl's v1 imports there")
     rng = random.Random(20261201)
-    cases = []
-    while len(cases) < N_BALANCE:
+    cases = [_targeted_case(rng)]
+    while len(cases) < N_BALANCE + 1:
         c = _random_case(rng)
         if c is not None:
             cases.append(c)
@@ -140,7 +165,7 @@ def _key(tr, i: int) -> str:
 
 @pytest.mark.timeout(280)
 def test_padding_balance_and_batches_equal_verls_v1_functions(oracle):
-    padded = uneven_micro = minis_seen = micro_seen = 0
+    padded = uneven_micro = minis_seen = micro_seen = all_padding = 0
     for case, want in oracle["balance"]:
         cfg = load_config(overrides=case["overrides"], profile="engine")
         tr = plan(cfg, case["lens"], completion_order=case["order"])
@@ -157,6 +182,9 @@ def test_padding_balance_and_batches_equal_verls_v1_functions(oracle):
         if "minis" in want and upd:
             minis_seen += 1
             assert upd[0].mini_batches == [len(m) for m in want["minis"]], ctx_why
+            empty = sum(all(all(c[i].startswith("pad_") for i in m) for c in want["chunks"]) for m in want["minis"])
+            assert s.get("padding_only_mini_batches", {}).get("update_actor", 0) == empty, ctx_why
+            all_padding += empty > 0
         old = {r.dp_rank: r for r in tr.at("old_log_prob")}
         if "micro" in want:
             micro_seen += 1
@@ -166,6 +194,7 @@ def test_padding_balance_and_batches_equal_verls_v1_functions(oracle):
             uneven_micro += 1
             assert s["stage_errors"]["old_log_prob"]["message"] == want["micro_error"][1], ctx_why
     assert padded > 100 and minis_seen > 30 and micro_seen > 50 and uneven_micro > 20  # the cases were exercised
+    assert all_padding >= 1  # incl. the targeted case: 1,504 padding rows, 188 of 522 actor mini-batches padding only
 
 
 def test_replay_buffer_order_is_completion_order(oracle):

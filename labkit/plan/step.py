@@ -137,6 +137,13 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
             per = [r.tokens for r in bal]
             tok.update(per_dp_rank=per, per_dp_rank_min=min(per), per_dp_rank_max=max(per))
         s["tokens"] = tok
+        if ctx.v1:  # as v1 logs them: perf/total_num_tokens counts the 128-token padding rows, data metrics do not
+            s["v1_metrics"] = {
+                "perf/total_num_tokens": total,
+                "padding_tokens": total - sum(ctx.lengths[i] for i, row in enumerate(ctx.rows) if row is not None),
+                "global_seqlen": "measured on the padded batch before reordering (padding rows 128 tokens each)",
+                "data_metrics": "response_length/*, critic/score/* and the advantages leave the padding rows out",
+            }
 
 
 class PlanTooLarge(ConfigError):

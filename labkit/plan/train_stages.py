@@ -13,6 +13,7 @@ from itertools import accumulate
 from labkit.plan.context import Ctx, actor_layout
 from labkit.plan.micro_batches import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
 from labkit.plan.roles import TITLES, Params, params
+from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk
 from labkit.rules.geometry import ARR
 from labkit.rules.mini_batches import engine_mini, legacy_mini
@@ -151,6 +152,17 @@ def _minis(ctx: Ctx, name: str, sp: int, D: int, m: int | None) -> tuple[int, st
     return total // D, f"mini = (M·n)/D = ({M}·{ctx.geo.rollout_n})/{D} = {total / D:g}", engine
 
 
+def padding_only_minis(ctx: Ctx, chunks: list[list[int]], minis: list[int]) -> int:
+    """v1: how many global mini-batches hold synthetic padding rows only on every DP rank (their loss mask sums to
+    0, so token-mean is 0/0). Rows are cut into mini-batches in rank order (``make_iterator``, no shuffle)."""
+    if not ctx.v1 or not ctx.geo.padding_rows or ctx.rows is None or ctx.lengths is None:
+        return 0
+    starts = [0, *accumulate(minis)]
+    return sum(
+        all(all(ctx.rows[i] is None for i in c[starts[j] : starts[j + 1]]) for c in chunks) for j in range(len(minis))
+    )
+
+
 def loss_scale(ctx: Ctx, name: str, D: int, mini: int, ga: int | None, dyn: bool) -> str:
     """How one micro-batch's loss is scaled: legacy 1/GA or rows/M′; engine global denominators × D."""
     if ctx.profile == "legacy":
@@ -221,6 +233,11 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         notes.append("actor.shuffle=true: mini-batch membership is shuffled; tokens shown are for unshuffled order")
     if dyn and ctx.lengths is None:
         notes.append("dynamic micro-batching needs lengths (--lengths)")
+    empty = padding_only_minis(ctx, chunks, minis)
+    if empty:
+        role = "actor" if name == "update_actor" else "critic"
+        notes.append(f"{message('S6', role=role, count=empty, total=len(minis))} (S6)")
+        tr.summary.setdefault("padding_only_mini_batches", {})[name] = empty
     warmup = ctx.get("trainer.critic_warmup")
     if name == "update_actor" and warmup > 1:
         notes.append(f"trainer.critic_warmup={warmup}: the actor is first updated at step {warmup}")
