@@ -148,7 +148,21 @@ def chunk(job: dict) -> dict:
     return {"sizes": [len(c) for c in meta.chunk(job["k"])]}
 
 
-KINDS = {"balance": balance, "replay": replay, "agg": agg, "chunk": chunk}
+def next_batch(job: dict) -> dict:
+    """verl's _next_train_batch check on train_batch_size and gen_batch_size (it raises before any fetch)."""
+    data = {"train_batch_size": job["train_batch_size"], "gen_batch_size": job["gen_batch_size"]}
+    stub = types.SimpleNamespace(config=OmegaConf.create({"data": data}), global_steps=1)
+    stub._fetch_one_gen_batch = lambda: TensorDict({}, batch_size=[job["gen_batch_size"] or job["train_batch_size"]])
+    try:
+        PPOTrainer._next_train_batch(stub)
+    except ValueError as exc:
+        return {"error": ["ValueError", str(exc)]}
+    except Exception:  # noqa: BLE001 - past the check, the stand-in dataloader is not verl's concern here
+        pass
+    return {"error": None}
+
+
+KINDS = {"balance": balance, "replay": replay, "agg": agg, "chunk": chunk, "next_batch": next_batch}
 
 if __name__ == "__main__":
     jobs = json.loads(sys.stdin.read())

@@ -24,7 +24,7 @@ from labkit.rules.v1_loop import agent_loop_split, batch_meta_chunks
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE_V1 = ROOT / ".oracle" / "verl-0.9.1-v1"
 ARR = "actor_rollout_ref"
-N_BALANCE, N_REPLAY, N_AGG, N_CHUNK = 220, 150, 300, 200
+N_BALANCE, N_REPLAY, N_AGG, N_CHUNK, N_FETCH = 220, 150, 300, 200, 120
 MAX_ROWS = 1200  # padded rows per config: verl deep-copies every padding row (about 0.2 ms each)
 
 
@@ -134,7 +134,15 @@ def oracle():
         replays.append({"kind": "replay", "prompts": B, "order": order})
     aggs = [_agg_case(rng) for _ in range(N_AGG)]
     chunks = [{"kind": "chunk", "rows": rng.randint(0, 60), "k": rng.randint(1, 12)} for _ in range(N_CHUNK)]
-    jobs = [c["job"] for c in cases] + replays + aggs + chunks
+    fetches = [
+        {
+            "kind": "next_batch",
+            "train_batch_size": rng.randint(1, 64),
+            "gen_batch_size": rng.choice([None, *range(1, 70)]),
+        }
+        for _ in range(N_FETCH)
+    ]
+    jobs = [c["job"] for c in cases] + replays + aggs + chunks + fetches
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     proc = subprocess.run(
@@ -153,7 +161,8 @@ def oracle():
         "balance": list(zip(cases, answers[:k], strict=True)),
         "replay": list(zip(replays, answers[k : k + N_REPLAY], strict=True)),
         "agg": list(zip(aggs, answers[k + N_REPLAY : k + N_REPLAY + N_AGG], strict=True)),
-        "chunk": list(zip(chunks, answers[k + N_REPLAY + N_AGG :], strict=True)),
+        "chunk": list(zip(chunks, answers[k + N_REPLAY + N_AGG : len(answers) - N_FETCH], strict=True)),
+        "fetch": list(zip(fetches, answers[len(answers) - N_FETCH :], strict=True)),
     }
 
 
@@ -240,6 +249,39 @@ def test_transfer_queue_chunks_and_agent_loop_split(oracle):
             assert agent_loop_split(job["rows"], job["k"]) == [len(c) for c in td.chunk(job["k"])], job
 
 
+def test_gen_batch_size_check_equals_verls_next_train_batch(oracle):
+    """E47: labkit check's first step-1 error text == what verl's _next_train_batch raises, or both pass."""
+    from labkit.validate.report import check
+
+    fired = 0
+    for job, want in oracle["fetch"]:
+        ov = [f"data.train_batch_size={job['train_batch_size']}", "trainer.n_gpus_per_node=1"]
+        ov += [f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.actor.ppo_mini_batch_size=1"]
+        if job["gen_batch_size"]:
+            ov.append(f"data.gen_batch_size={job['gen_batch_size']}")
+        findings = [
+            f for f in check(load_config(overrides=ov, profile="engine"), fixes=False).findings if f.code == "E47"
+        ]
+        if want["error"] is None:
+            assert findings == [], job
+        else:
+            fired += 1
+            assert [[f.exc_type, f.message] for f in findings] == [want["error"]], job
+    assert fired > 30
+
+
+def test_v0_deprecation_notice_is_verls_text():
+    """N7 is printed verbatim from verl/trainer/main_ppo.py (typo and missing space included)."""
+    import verl
+
+    from labkit.rules.catalogue import message
+
+    src = (Path(verl.__file__).parent / "trainer" / "main_ppo.py").read_text()
+    text = message("N7")
+    head, tail = text.split("v0.9.0.")
+    assert f'"{head}v0.9.0."' in src and f'"{tail}"' in src
+
+
 # ---------------------------------------------------------------------------------------------- the issue's checks
 def _seed(*extra: str):
     return plan(load_config(overrides=SEED_EXAMPLE + list(extra), profile="engine"))
@@ -269,3 +311,23 @@ def test_v1_stage_order_and_no_repeat():
     names = [st.name for st in _seed(f"{ARR}.actor.use_kl_loss=true").stages]
     assert names == [x for x in V1_STAGES if x not in ("values", "update_critic")]
     assert "repeat" not in names
+
+
+def test_cli_says_which_loop(capsys):
+    from labkit.cli import main
+
+    assert main(["plan", *SEED_EXAMPLE]) == 0
+    out = capsys.readouterr().out
+    assert "Pipeline at a glance (engine profile, v1 loop)" in out and "8,8,8,8,8,8,8,4" in out
+    assert main(["plan", *SEED_EXAMPLE, "trainer.use_v1=false"]) == 0
+    assert "(engine profile, v0 loop)" in capsys.readouterr().out
+    assert main(["check", *SEED_EXAMPLE, f"{ARR}.actor.ppo_mini_batch_size=25"]) == 1
+    out = capsys.readouterr().out
+    assert "verl rejects this config (engine profile, v1 loop):" in out and "(E30)" in out and "N6 Upsampled" in out
+
+
+def test_live_trainer_refuses_the_v1_loop_with_a_clear_message():
+    from labkit.trainer.grpo_trainer import GRPOTrainer
+
+    with pytest.raises(ValueError, match=r"runs verl 0\.9\.1's v0 loop .*set trainer\.use_v1=false"):
+        GRPOTrainer(["trainer.use_v1=true"], launcher="local")
