@@ -8,6 +8,14 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.labkit-installed
 ORACLE_071 := .oracle/verl-0.7.1
+# verl 0.9.1's v1 loop (trainer/ppo/v1) imports TransferQueue and these at module level; an oracle for tests only,
+# installed --no-deps beside the venv (its requirements would downgrade omegaconf and pull ray[default]).
+ORACLE_V1 := .oracle/verl-0.9.1-v1
+ORACLE_V1_PKGS := TransferQueue==0.1.11 msgspec==0.23.0 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 \
+	pillow==13.0.0 datasets==5.2.0 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 dill==0.4.1 xxhash==4.1.0 \
+	cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0 starlette==1.10.0 opentelemetry-api==1.45.2 \
+	torchdata==0.11.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 \
+	aiosignal==1.4.0 frozenlist==1.8.0 peft==0.21.2 accelerate==1.15.0
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -29,6 +37,7 @@ $(STAMP): pyproject.toml Makefile
 	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) beside it.
 	$(PIP) install --no-deps verl==0.9.1
 	@test -d $(ORACLE_071)/verl || $(PIP) install --no-deps --target $(ORACLE_071) verl==0.7.1
+	@test -d $(ORACLE_V1)/transfer_queue || $(PIP) install --no-deps --target $(ORACLE_V1) $(ORACLE_V1_PKGS)
 	$(PY) -m labkit.ui.jupyter_settings $(VENV)
 	@touch $(STAMP)
 

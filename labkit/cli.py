@@ -140,7 +140,9 @@ def _micro_text(r: RankRecord) -> str:
 
 def stage_table(tr: StepTrace) -> Table:
     """One row per stage: global count, per-rank rows, micro-batches per rank, tokens per rank, the rule."""
-    t = Table(title=f"Pipeline at a glance ({tr.profile} profile)", show_lines=False)
+    loop = tr.summary.get("loop")
+    label = f"{tr.profile} profile" + (f", {loop} loop" if loop in ("v0", "v1") else "")
+    t = Table(title=f"Pipeline at a glance ({label})", show_lines=False)
     for col, just in (
         ("#", "right"),
         ("stage", "left"),
@@ -203,12 +205,25 @@ def summary_table(tr: StepTrace) -> Table:
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
     rows: list[tuple[str, Any]] = [
+        ("trainer loop", s.get("loop_title")),
         ("GPUs W / actor DP D / Ulysses sp", f"{s.get('W')} / {s.get('D')} / {s.get('sp')}"),
         ("rollout tp / replicas R / agent workers A", f"{s.get('tp')} / {s.get('R')} / {s.get('A')}"),
-        ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('samples')} samples"),
+        ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('generated_samples')} samples"),
+        *(
+            [
+                ("agent-loop split (prompts per worker)", ",".join(map(str, s["agent_loop"]["prompts_per_worker"]))),
+                (
+                    "v1 synthetic padding rows",
+                    f"{s.get('padding_rows')} (multiple {s.get('required_multiple')}) → {s.get('samples')} rows",
+                ),
+            ]
+            if s.get("loop") == "v1" and s.get("required_multiple")
+            else []
+        ),
         ("normalized mini-batch (rows per rank)", s.get("mini_normalized")),
         ("mini-batches per epoch (rows)", f"{s.get('mini_batches_per_epoch')} {s.get('mini_batches')}"),
-        ("gradient accumulation (micro-batches per mini-batch)", s.get("ga") if s.get("ga") is not None else "dynamic"),
+        ("gradient accumulation GA (verl's)", s.get("ga") if s.get("ga") is not None else "dynamic"),
+        ("micro-batches run per mini-batch (rank 0)", s.get("micro_batches_run") or "dynamic"),
         ("optimizer steps per training step", s.get("optimizer_steps_per_step")),
         ("log-prob micro-batches per rank", s.get("log_prob_micro_batches_per_rank")),
         ("loss scale per micro-batch", s.get("loss_scale")),
@@ -228,17 +243,17 @@ def summary_table(tr: StepTrace) -> Table:
         rows.append(("[red]validate[/red]", f"{first.get('code')} {first.get('exc_type')}: {first.get('message')}"))
     elif s.get("validate_ok"):
         rows.append(("validate", "[green]verl accepts this config[/green]"))
-    for f in s.get("findings") or []:
-        if f.get("code") == "V1":  # the engine profile models the v0 loop; say what 0.9.1's default v1 loop does
-            rows.append(
-                (
-                    "[yellow]note: trainer.use_v1=true[/yellow]",
-                    "; ".join(f["arithmetic"][1:3]) + " (0.9.1's default loop; labkit models trainer.use_v1=false)",
-                )
-            )
     for k, v in rows:
         t.add_row(k, "—" if v is None else (v if isinstance(v, str) and v.startswith("[green]") else escape(str(v))))
     return t
+
+
+def _label(cfg: Any) -> str:
+    """ "engine profile, v1 loop": the profile and, for verl 0.9.1, which trainer loop (``trainer.use_v1``)."""
+    from labkit.rules.geometry import BatchGeometry
+
+    loop = BatchGeometry.from_config(cfg).loop
+    return f"{cfg.profile} profile" + (f", {loop} loop" if loop != "legacy" else "")
 
 
 def _console(soft_wrap: bool = False) -> Console:
@@ -297,10 +312,10 @@ def cmd_check(ns: argparse.Namespace) -> int:
     first = report.first_error
     notes = [f for f in report.findings if f.severity != "error"]
     if first is not None:
-        con.print(f"verl rejects this config ({cfg.profile} profile):")
+        con.print(f"verl rejects this config ({_label(cfg)}):")
         _print_finding(con, first)
         for f in notes:
-            if f.code == "V1":
+            if f.code in ("N6", "S5"):  # what the v1 loop does to the batch before the failing check
                 _print_note(con, f)
         if first.code in ("X2", "E20"):  # a size normalised to 0: split(0) looped in early verl (hang (c))
             _print_hang_risks(con, cfg, ns, None)
@@ -310,18 +325,18 @@ def cmd_check(ns: argparse.Namespace) -> int:
         errors = planned.summary.get("stage_errors") or {}
     except PlanTooLarge as exc:
         con.print(
-            f"[green]verl's start-up checks accept this config[/green] ({cfg.profile} profile); the first step "
+            f"[green]verl's start-up checks accept this config[/green] ({_label(cfg)}); the first step "
             f"is not checked: {escape(str(exc))}",
         )
         return 0
     if errors:
-        con.print(f"verl accepts the config, then stops during the first step ({cfg.profile} profile):")
+        con.print(f"verl accepts the config, then stops during the first step ({_label(cfg)}):")
         for stage, err in errors.items():
             con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
             _print_docs(con, err["code"])
         _print_hang_risks(con, cfg, ns, planned)
         return 1
-    con.print(f"[green]verl accepts this config[/green] ({cfg.profile} profile).")
+    con.print(f"[green]verl accepts this config[/green] ({_label(cfg)}).")
     for f in notes:
         _print_note(con, f)
     _print_hang_risks(con, cfg, ns, planned)

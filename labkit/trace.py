@@ -26,6 +26,22 @@ STAGES = (
     "update_critic",
     "update_actor",
 )
+V1_STAGES = (
+    "dataloader",
+    "agent_loop",
+    "generate",
+    "reward",
+    "replay_buffer",
+    "padding",
+    "balance",
+    "old_log_prob",
+    "ref_log_prob",
+    "values",
+    "advantage",
+    "update_critic",
+    "update_actor",
+)
+"""Stage order of verl 0.9.1's v1 loop (``trainer.use_v1=true``): no repeat; replay buffer and padding added."""
 
 
 @dataclass

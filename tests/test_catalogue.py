@@ -96,7 +96,7 @@ def corpus() -> tuple[set[str], list[tuple[str, str, str]]]:
 
 def test_every_code_labkit_shows_over_random_configs_has_an_entry(corpus):
     codes, _ = corpus
-    assert {"E1", "E21", "E26", "E29", "S1", "V1", "X4"} <= codes  # the corpus reaches both profiles' rules
+    assert {"E1", "E21", "E26", "E30", "S1", "N6", "X4"} <= codes  # the corpus reaches both profiles' rules
     missing = sorted(codes - set(catalogue()))
     assert not missing, f"labkit showed codes without a catalogue entry: {missing}"
 
@@ -246,7 +246,7 @@ MESSAGE_CASES = [
         dict(mini=0, micro=2),
     ),
     ("legacy", {_key(f"{R}.agent.num_workers"): 7}, "E26", dict(size=720, chunks=7)),
-    ("engine", {_key(f"{A}.ppo_mini_batch_size"): 25}, "E29", dict(rows=120, mini=50)),
+    ("engine", {_key(f"{A}.ppo_mini_batch_size"): 25, "trainer__use_v1": "false"}, "E29", dict(rows=120, mini=50)),
     ("engine", {_key(f"{R}.log_prob_micro_batch_size_per_gpu"): 7}, "E30", {}),
     (
         "legacy",
@@ -280,6 +280,7 @@ def test_message_is_the_text_labkit_plan_carries():
                     "data__gen_batch_size": 61,
                     "trainer__balance_batch": "false",
                     _key(f"{R}.agent.num_workers"): 1,
+                    "trainer__use_v1": "false",
                 },
             ),
             "E27",
@@ -293,6 +294,7 @@ def test_message_is_the_text_labkit_plan_carries():
                     _key(f"{A}.ppo_mini_batch_size"): 25,
                     _key(f"{R}.log_prob_micro_batch_size_per_gpu"): 2,
                     _key(f"{R}.agent.num_workers"): 1,
+                    "trainer__use_v1": "false",
                 },
             ),
             "E28",
@@ -322,4 +324,4 @@ def test_check_links_each_finding_to_its_docs_section():
     _, out, _ = cli("check", *_set(SEED_EXAMPLE, **{_key(f"{R}.n"): 13}), "--profile", "legacy")
     assert "  docs:  docs/errors.md#e21" in out
     _, out, _ = cli("check", *_set(SEED_EXAMPLE, **{_key(f"{A}.ppo_mini_batch_size"): 25}), "--profile", "engine")
-    assert "  docs:  docs/errors.md#e29" in out and "  docs:  docs/errors.md#v1" in out  # a note gets its link too
+    assert "  docs:  docs/errors.md#e30" in out and "  docs:  docs/errors.md#n6" in out  # a note gets its link too

@@ -52,7 +52,17 @@ def test_plan_with_lengths_shows_tokens_and_metrics(capsys):
 
 
 def test_plan_json_round_trips(capsys):
-    code, out, _ = run(capsys, "plan", *SEED_EXAMPLE, "--json", "--lengths", "gsm8k-like", "--dispatch", "all_gather")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        *SEED_EXAMPLE,
+        "trainer.use_v1=false",
+        "--json",
+        "--lengths",
+        "gsm8k-like",
+        "--dispatch",
+        "all_gather",
+    )
     assert code == 0
     data = json.loads(out)
     tr = StepTrace.from_dict(data)

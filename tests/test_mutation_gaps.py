@@ -27,6 +27,7 @@ import torch
 from labkit.balance import balance_batch as LB
 from labkit.balance.kk import NUMPY_MIN_K
 from labkit.config.verl_config import SEED_EXAMPLE, load_config
+from labkit.plan.step import plan
 from labkit.validate.report import check
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,11 @@ def outcome(fn, *args, **kwargs):
 
 
 def cfg_of(overrides, profile):
-    return load_config(overrides=list(SEED_EXAMPLE) + list(overrides), profile=profile)
+    """A config; engine ones follow the v0 loop (trainer.use_v1=false) unless the overrides set the flag."""
+    overrides = list(SEED_EXAMPLE) + list(overrides)
+    if profile == "engine" and not any(o.startswith("trainer.use_v1=") for o in overrides):
+        overrides.append("trainer.use_v1=false")
+    return load_config(overrides=overrides, profile=profile)
 
 
 def startup_error(cfg):
@@ -339,14 +344,20 @@ def test_v1_padding_multiple_at_the_warmup_boundary():
         multiple = required(stub, gpn)
         pad = -(B * n) % multiple
         cfg = cfg_of(
-            [f"{A}.ppo_mini_batch_size={M}", f"{A}.ppo_micro_batch_size_per_gpu=10", f"trainer.critic_warmup={warm}"],
+            [
+                f"{A}.ppo_mini_batch_size={M}",
+                f"{A}.ppo_micro_batch_size_per_gpu=10",
+                f"trainer.critic_warmup={warm}",
+                "trainer.use_v1=true",
+            ],
             "engine",
         )
-        v1 = [f for f in check(cfg, fixes=False).findings if f.code == "V1"]
+        v1 = [f for f in check(cfg, fixes=False).findings if f.code == "N6"]
         assert (multiple, pad) == ((300, 180) if warm <= 1 else (6, 0)), warm
+        assert plan(cfg).summary["padding_rows"] == pad
         if pad:
             assert len(v1) == 1 and v1[0].arithmetic[1].endswith(f"= {multiple}")
-            assert v1[0].arithmetic[2] == f"pad = {pad} synthetic samples"
+            assert v1[0].arithmetic[2] == f"pad = -{B * n} % {multiple} = {pad} synthetic rows of 128 tokens"
         else:
             assert v1 == []
 

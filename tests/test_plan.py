@@ -22,7 +22,11 @@ SEED8 = [800, 6500, 1200, 4000, 9000, 2500, 1500, 7500]
 
 
 def cfg_of(overrides, profile="legacy"):
-    return load_config(overrides=list(overrides), profile=profile)
+    """A config; engine ones follow the v0 loop (trainer.use_v1=false) unless the overrides set the flag."""
+    overrides = list(overrides)
+    if profile == "engine" and not any(o.startswith("trainer.use_v1=") for o in overrides):
+        overrides.append("trainer.use_v1=false")
+    return load_config(overrides=overrides, profile=profile)
 
 
 def one_rank(lengths_n: int, budget: int, extra=()):
@@ -245,6 +249,28 @@ def test_invariants_random_configs(profile):
 # ----------------------------------------------------------------------------------------------------------------
 # legacy vs engine
 # ----------------------------------------------------------------------------------------------------------------
+def test_legacy_ga_is_verls_gradient_accumulation_even_when_a_rank_holds_fewer_rows():
+    """gen_batch_size 588 < M = 624 (n=1, W=1): dp_actor's gradient_accumulation = M′//m = 624//2 = 312 (its loss
+    scale 1/312), while the rank holds 588 rows and runs 294 micro-batches: the plan shows both numbers."""
+    ov = [
+        "data.train_batch_size=624",
+        "data.gen_batch_size=588",
+        "algorithm.adv_estimator=grpo",
+        f"{ARR}.rollout.n=1",
+        "trainer.n_gpus_per_node=1",
+        f"{ARR}.rollout.tensor_model_parallel_size=1",
+        f"{ARR}.rollout.agent.num_workers=1",
+        f"{ARR}.actor.ppo_mini_batch_size=624",
+        f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
+        f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
+    ]
+    s = plan(cfg_of(ov, "legacy")).summary
+    assert s["mini_normalized"] == 624 and s["mini_batches"] == [588]
+    assert s["ga"] == 624 // 2 == 312 and s["micro_batches_run"] == 588 // 2 == 294
+    assert s["loss_scale"] == "1/GA = 1/312" and s["ga_per_mini"] == [294]
+    assert s["ok"], s["stage_errors"]
+
+
 def test_ragged_minibatches_legacy_vs_engine():
     """M=25, n=12, W=6: legacy M′ = 300//6 = 50 → [50, 50, 20] silently; engine asserts E28."""
     ov = SEED_EXAMPLE + [f"{ARR}.actor.ppo_mini_batch_size=25", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=10"]

@@ -34,7 +34,11 @@ PROFILES = ("legacy", "engine")
 
 
 def cfg_of(*overrides: str, profile: str = "legacy", base=SEED_EXAMPLE):
-    return load_config(overrides=list(base) + list(overrides), profile=profile)
+    """A config; engine ones follow the v0 loop (trainer.use_v1=false) unless the overrides set the flag."""
+    overrides = list(base) + list(overrides)
+    if profile == "engine" and not any(o.startswith("trainer.use_v1=") for o in overrides):
+        overrides.append("trainer.use_v1=false")
+    return load_config(overrides=overrides, profile=profile)
 
 
 def first_startup(report: Report):
@@ -431,11 +435,11 @@ def test_check_is_fast_on_slider_moves():
     assert statistics.median(times) < 0.005, f"median {statistics.median(times) * 1e3:.2f} ms"
 
 
-# -- 0.9.1's default v1 loop (not modelled): the V1 notice ---------------------------------------------------------
-def test_v1_notice_pads_as_verls_own_required_multiple():
-    """Engine + trainer.use_v1 (0.9.1's default): the notice's lcm and pad equal what verl 0.9.1's own
+# -- 0.9.1's default v1 loop: verl's padding log line (N6) and the ignored balance flag (S5) ------------------------
+def test_v1_padding_notice_pads_as_verls_own_required_multiple():
+    """Engine + trainer.use_v1 (0.9.1's default): N6 is verl's log line with the lcm and pad that verl 0.9.1's own
     PPOTrainer._get_required_batch_multiple (compiled from trainer/ppo/v1/trainer_base.py) and
-    upsample_batch_to_divisible_size give; no notice with use_v1=false, with nothing to pad, or in legacy."""
+    upsample_batch_to_divisible_size give; no N6 with use_v1=false, with nothing to pad, or in legacy."""
     import math
     import types
     from pathlib import Path
@@ -460,6 +464,7 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
             f"critic.ppo_mini_batch_size={cM}",
             f"trainer.critic_warmup={warm}",
             f"algorithm.adv_estimator={adv}",
+            "trainer.use_v1=true",
             profile="engine",
         )
         stub = types.SimpleNamespace(
@@ -475,15 +480,18 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
         )
         multiple = required(stub, gpn)  # sp = 1: dp_size = W
         pad = multiple - (B * n) % multiple if (B * n) % multiple else 0  # upsample_batch_to_divisible_size
-        notes = [f for f in check(cfg, fixes=False).findings if f.code == "V1"]
+        notes = [f for f in check(cfg, fixes=False).findings if f.code == "N6"]
         if pad == 0:
             assert not notes
             continue
         fired += 1
-        assert len(notes) == 1 and notes[0].severity == "notice" and notes[0].message == ""
-        assert f"= {multiple}" in notes[0].arithmetic[1] and notes[0].arithmetic[2] == f"pad = {pad} synthetic samples"
+        assert len(notes) == 1 and notes[0].severity == "notice"
+        assert notes[0].message == (
+            f"Upsampled batch from {B * n} to {B * n + pad} with {pad} synthetic padding samples "
+            f"for required_multiple={multiple}"
+        )
         off = cfg.copy().override(["trainer.use_v1=false"])
-        assert not [f for f in check(off, fixes=False).findings if f.code == "V1"]
+        assert not [f for f in check(off, fixes=False).findings if f.code in ("N6", "S5")]
     assert fired > 30
     unbalanced = cfg_of(
         "data.train_batch_size=8",
@@ -492,11 +500,12 @@ def test_v1_notice_pads_as_verls_own_required_multiple():
         "trainer.balance_batch=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "critic.ppo_mini_batch_size=8",
+        "trainer.use_v1=true",
         profile="engine",
     )  # nothing to pad, but v1 balances anyway
-    notes = [f for f in check(unbalanced, fixes=False).findings if f.code == "V1"]
-    assert len(notes) == 1 and "balance_batch=false" in notes[0].explanation and "appends" not in notes[0].explanation
+    codes = [f.code for f in check(unbalanced, fixes=False).findings]
+    assert "S5" in codes and "N6" not in codes
     legacy = cfg_of(
         "data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1", profile="legacy"
     )
-    assert not [f for f in check(legacy, fixes=False).findings if f.code == "V1"]
+    assert not [f for f in check(legacy, fixes=False).findings if f.code in ("N6", "S5", "N7")]

@@ -255,6 +255,8 @@ def random_config(rng: random.Random, profile: str) -> VerlConfig:
         v[f"{RO}.temperature"] = pick([0.0, 0.7, 1.0])
     if rng.random() < 0.1:
         v["data.val_batch_size"] = 16
+    if profile == "engine":  # the oracle here is verl's v0 loop (RayPPOTrainer); v1: tests/test_v1_oracle.py
+        v["trainer.use_v1"] = False
     for k, val in v.items():
         if k == "actor_rollout_ref.actor.loss_agg_mode":
             cfg.values[k] = val  # labkit accepts any string here; verl checks it (E8)
@@ -368,7 +370,8 @@ PASS_PRIMS = {  # controls: the same primitives with sizes that divide must not 
 
 def _configs(profile: str) -> list[VerlConfig]:
     rng = random.Random(20261130 + (profile == "legacy"))
-    targeted = [load_config(overrides=SEED + t, profile=profile) for t in TARGETED]
+    v0 = ["trainer.use_v1=false"] if profile == "engine" else []  # verl's v0 loop is the oracle here
+    targeted = [load_config(overrides=SEED + t + v0, profile=profile) for t in TARGETED]
     return targeted + [random_config(rng, profile) for _ in range(N_CONFIGS)]
 
 
@@ -512,7 +515,9 @@ def test_first_step1_error_matches_verl_primitive(parity, profile):
     assert len(steps) == len(cases) + len(PASS_PRIMS[profile])
     assert all(answer["error"] is None for answer in steps[len(cases) :]), steps[len(cases) :]
     for (prof, overrides, kwargs, code, prim), verl_answer in zip(cases, steps):
-        first = check(load_config(overrides=SEED_EXAMPLE + overrides, profile=prof), fixes=False, **kwargs).first_error
+        v0 = ["trainer.use_v1=false"] if prof == "engine" else []
+        first = check(load_config(overrides=SEED_EXAMPLE + overrides + v0, profile=prof), fixes=False, **kwargs)
+        first = first.first_error
         assert first is not None and (first.code, first.when) == (code, "step 1"), (overrides, first)
         assert [first.exc_type, first.message] == verl_answer["error"], (prim, first.message, verl_answer)
 

@@ -116,6 +116,17 @@ def _balanced_order_np(workloads: list[int], dp_size: int) -> np.ndarray:
     return np.concatenate([by_load[:, ::2], by_load[:, 1::2][:, ::-1]], axis=1)
 
 
+def v1_partitions(seqlens: Sequence[int], dp_size: int) -> list[list[int]]:
+    """Rows per DP rank of the v1 loop's ``_balance_batch``: equal-size KK over the workloads, each partition in
+    ascending batch index (no small-large-small re-sort). Mirrors verl/trainer/ppo/v1/trainer_base.py:
+    PPOTrainer._balance_batch (get_seqlen_balanced_partitions on the padded batch)."""
+    lens = [int(s) for s in seqlens]
+    workloads = calculate_workload(lens)
+    if _numpy_path(lens, dp_size):
+        return np.sort(kk_equal_np(np.asarray(workloads, dtype=np.int64), dp_size, as_array=True), axis=1).tolist()
+    return get_seqlen_balanced_partitions(workloads, dp_size, equal_size=True)
+
+
 @dataclass
 class BalanceResult:
     """Outcome of `balance_batch`: the global reorder index, rank r's rows (`partitions[r]`), metrics, workloads."""

@@ -10,6 +10,7 @@ from typing import Any
 from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk
 from labkit.rules.geometry import BatchGeometry, workload
+from labkit.rules.v1_loop import batch_meta_chunks
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Ctx:
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict)
     workloads: list[int] | None = None  # verl's calculate_workload per sample
+    rows: list[tuple[int, int] | None] | None = None  # v1: (prompt, session) of each batch row; None = padding
 
     def __post_init__(self) -> None:
         if self.lengths is not None:
@@ -32,6 +34,16 @@ class Ctx:
     @property
     def profile(self) -> str:
         return self.geo.profile
+
+    @property
+    def v1(self) -> bool:
+        """Whether the step follows verl 0.9.1's v1 loop (``trainer.use_v1=true``)."""
+        return self.geo.loop == "v1"
+
+    @property
+    def rows_name(self) -> str:
+        """How the step's row count is written in formulas: B·n, or N′ (B·n plus v1's padding rows)."""
+        return "N′" if self.v1 else "B·n"
 
     def get(self, path: str) -> Any:
         return self.cfg.get(path)
@@ -45,8 +57,16 @@ class Ctx:
     def dp_chunks(self, dp: int) -> list[list[int]]:
         """Sample indices per DP rank when the balanced batch is chunked into ``dp`` equal pieces (nd dispatch).
 
-        Uneven: E26 (legacy ``DataProto.chunk``) or E27 (engine ``chunk_tensordict``)."""
+        Uneven: E26 (legacy ``DataProto.chunk``) or E27 (engine ``chunk_tensordict``); v1 dispatches
+        TransferQueue ``BatchMeta.chunk`` slices, uneven allowed (``labkit.rules.v1_loop.batch_meta_chunks``)."""
         samples = self.geo.samples
+        if self.v1:
+            flat = [i for part in self.order for i in part] if self.order is not None else list(range(samples))
+            out, start = [], 0
+            for size in batch_meta_chunks(samples, dp):
+                out.append(flat[start : start + size])
+                start += size
+            return out
         if samples % dp:
             if self.profile == "engine":  # 0.9.1 dispatches TensorDicts (tensordict_utils.py: chunk_tensordict)
                 raise StageFailure("E27", "AssertionError", message("E27", size=samples, chunks=dp))

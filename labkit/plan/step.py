@@ -18,10 +18,12 @@ from typing import Any
 from labkit.config.verl_config import ConfigError
 from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
+from labkit.plan import v1_stages as V
 from labkit.plan.context import Ctx
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import BatchGeometry
+from labkit.rules.v1_loop import LOOP_TITLES
 from labkit.trace import StepTrace
 
 DISPATCH = ("mesh", "all_gather")
@@ -38,21 +40,35 @@ def findings_of(cfg: Any, max_seq_len: int | None = None) -> tuple[list[dict] | 
     return [asdict(f) if is_dataclass(f) else dict(vars(f)) for f in report.findings], report
 
 
-def _steps(cfg: Any) -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
-    steps = [
-        ("dataloader", S.dataloader),
-        ("repeat", S.repeat),
-        ("agent_loop", S.agent_loop),
-        ("generate", S.generate),
-        ("balance", S.balance),
-        ("reward", S.reward),
-        ("old_log_prob", lambda c, t: T.forward_stage(c, t, "old_log_prob")),
-    ]
+def _steps(cfg: Any, loop: str = "v0") -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
+    """The stages of one step in the order the trainer loop runs them (legacy and v0: RayPPOTrainer.fit; v1:
+    PPOTrainer._step_once)."""
+    if loop == "v1":
+        steps = [
+            ("dataloader", V.dataloader),
+            ("agent_loop", V.agent_loop),
+            ("generate", V.generate),
+            ("reward", V.reward),
+            ("replay_buffer", V.replay_buffer),
+            ("padding", V.padding),
+            ("balance", V.balance),
+            ("old_log_prob", lambda c, t: T.forward_stage(c, t, "old_log_prob")),
+        ]
+    else:
+        steps = [
+            ("dataloader", S.dataloader),
+            ("repeat", S.repeat),
+            ("agent_loop", S.agent_loop),
+            ("generate", S.generate),
+            ("balance", S.balance),
+            ("reward", S.reward),
+            ("old_log_prob", lambda c, t: T.forward_stage(c, t, "old_log_prob")),
+        ]
     if cfg.need_reference_policy:
         steps.append(("ref_log_prob", lambda c, t: T.forward_stage(c, t, "ref_log_prob")))
     if cfg.need_critic:
         steps.append(("values", lambda c, t: T.forward_stage(c, t, "values")))
-    steps.append(("advantage", S.advantage))
+    steps.append(("advantage", V.advantage if loop == "v1" else S.advantage))
     if cfg.need_critic:
         steps.append(("update_critic", lambda c, t: T.update_stage(c, t, "update_critic")))
     steps.append(("update_actor", lambda c, t: T.update_stage(c, t, "update_actor")))
@@ -71,10 +87,15 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
     s.update(
         {
             "profile": ctx.profile,
+            "loop": ctx.geo.loop,
+            "loop_title": LOOP_TITLES[ctx.geo.loop],
             "dispatch": ctx.dispatch,
             "B": ctx.geo.prompts,
             "n": ctx.geo.rollout_n,
             "samples": ctx.geo.samples,
+            "generated_samples": ctx.geo.generated_samples,
+            "padding_rows": ctx.geo.padding_rows,
+            "required_multiple": ctx.geo.required_multiple,
             "W": ctx.geo.world_size,
             "D": ctx.geo.dp_size or None,
             "sp": ctx.geo.ulysses_sp,
@@ -92,6 +113,7 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
     s["mini_batches"] = upd.get("mini_batches")
     s["mini_batches_per_epoch"] = len(upd["mini_batches"]) if upd else None
     s["ga"] = upd.get("ga")
+    s["micro_batches_run"] = upd.get("micro_batches_run")
     first = next(iter(tr.at("update_actor")), None)
     s["ga_per_mini"] = first.extra.get("ga_per_mini") if first is not None and first.micro_batches else None
     s["optimizer_steps_per_step"] = upd.get("optimizer_steps")
@@ -115,18 +137,33 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
             per = [r.tokens for r in bal]
             tok.update(per_dp_rank=per, per_dp_rank_min=min(per), per_dp_rank_max=max(per))
         s["tokens"] = tok
+        if ctx.v1:  # as v1 logs them: perf/total_num_tokens counts the 128-token padding rows, data metrics do not
+            s["v1_metrics"] = {
+                "perf/total_num_tokens": total,
+                "padding_tokens": total - sum(ctx.lengths[i] for i, row in enumerate(ctx.rows) if row is not None),
+                "global_seqlen": "measured on the padded batch before reordering (padding rows 128 tokens each)",
+                "data_metrics": "response_length/*, critic/score/* and the advantages leave the padding rows out",
+            }
 
 
 class PlanTooLarge(ConfigError):
     """The step is too large to follow per rank in bounded time; the message keeps the arithmetic."""
 
 
-def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str = "mesh", seed: int = 0) -> StepTrace:
+def plan(
+    cfg: Any,
+    lengths: Sequence[int] | str | None = None,
+    *,
+    dispatch: str = "mesh",
+    seed: int = 0,
+    completion_order: Sequence[int] | None = None,
+) -> StepTrace:
     """Predict one training step of ``cfg`` (a ``labkit.config.verl_config.VerlConfig``) per stage and per rank.
 
     ``lengths``: None (rows only), B·n explicit token counts, or a profile name of ``data/length_profiles.json``
     drawn with ``seed``. ``dispatch``: "mesh" (nd dispatch, v0.6+) or "all_gather" (≤v0.5 DP_COMPUTE_PROTO + TP/SP
-    all-gather). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace; a step larger
+    all-gather). ``completion_order`` (v1 only): the trajectory indices p·n + session in the order they finished, the
+    batch's row order before balancing (default: submission order). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace; a step larger
     than the planner follows (``BatchGeometry.too_large_to_plan``) raises PlanTooLarge, with the arithmetic.
     """
     if dispatch not in DISPATCH:
@@ -134,20 +171,27 @@ def plan(cfg: Any, lengths: Sequence[int] | str | None = None, *, dispatch: str 
     collecting = gc.isenabled()
     gc.disable()  # a plan allocates ~10^5 acyclic objects; cyclic collections in between cost ~10% for nothing
     try:
-        return _plan(cfg, lengths, dispatch, seed)
+        return _plan(cfg, lengths, dispatch, seed, completion_order)
     finally:
         if collecting:
             gc.enable()
 
 
-def _plan(cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int) -> StepTrace:
+def _plan(
+    cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int, completion_order: Sequence[int] | None
+) -> StepTrace:
     geo = BatchGeometry.from_config(cfg)
     too_large = geo.too_large_to_plan()
     if too_large:
         raise PlanTooLarge(too_large)
-    ctx = Ctx(cfg=cfg, geo=geo, dispatch=dispatch, lengths=geo.lengths(lengths, seed))
+    generated = geo.lengths(lengths, seed)
+    ctx = Ctx(cfg=cfg, geo=geo, dispatch=dispatch, lengths=generated)
+    if geo.loop == "v1":
+        V.arrange_rows(ctx, generated, completion_order)
+    elif completion_order is not None:
+        raise ValueError("completion_order applies to the v1 loop only (trainer.use_v1=true, engine profile)")
     tr = StepTrace(profile=cfg.profile, source="plan")
-    for name, step in _steps(cfg):
+    for name, step in _steps(cfg, geo.loop):
         try:
             step(ctx, tr)
         except StageFailure as fail:

@@ -13,6 +13,7 @@ from itertools import accumulate
 from labkit.plan.context import Ctx, actor_layout
 from labkit.plan.micro_batches import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
 from labkit.plan.roles import TITLES, Params, params
+from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk
 from labkit.rules.geometry import ARR
 from labkit.rules.mini_batches import engine_mini, legacy_mini
@@ -64,13 +65,14 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
     chunks = ctx.dp_chunks(D)
     rows = ctx.geo.samples // D
-    rec.per_rank_rows = rows
+    even = all(len(c) == rows for c in chunks)  # v1's TransferQueue chunks may be uneven (k ≠ the actor's D)
+    rec.per_rank_rows = rows if even else None
     parts, sync = _cut(ctx, p, chunks)
     notes = list(p.notes)
     if dyn:
         budget = p.budget * p.budget_sp
         rec.formula = (
-            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; dynamic: budget = {p.budget}×sp = {budget} "
+            f"{ctx.rows_name}/D = {ctx.geo.samples}/{D} = {rows} rows; dynamic: budget = {p.budget}×sp = {budget} "
             "tokens, count synced (MAX) over the DP group"
         )
         notes.insert(
@@ -85,7 +87,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         sizes = [len(x) for x in parts[0]]
         how = "split" if ctx.profile == "legacy" else "chunk"
         rec.formula = (
-            f"B·n/D = {ctx.geo.samples}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
+            f"{ctx.rows_name}/D = {ctx.geo.samples}/{D} = {rows} rows; static {how}({m}) → {len(sizes)} micro-batches of "
             f"{sizes[0]}" + (f" (last {sizes[-1]})" if sizes[-1] != sizes[0] else "")
         )
     rec.note = "; ".join(notes)
@@ -120,7 +122,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
                 rank,
                 dp_rank=dp,
                 sp_rank=spr,
-                rows=rows,
+                rows=len(idx),
                 tokens=ctx.tokens(idx),
                 padded_tokens=sum(padded) if micro and None not in padded else None,
                 workload=sum(x.workload for x in micro) if micro and ctx.lengths is not None else None,
@@ -158,17 +160,40 @@ def _minis(ctx: Ctx, name: str, sp: int, D: int, m: int | None) -> tuple[int, st
     return total // D, f"mini = (M·n)/D = ({M}·{ctx.geo.rollout_n})/{D} = {total / D:g}", engine
 
 
+def padding_only_minis(ctx: Ctx, chunks: list[list[int]], minis: list[int]) -> int:
+    """v1: how many global mini-batches hold synthetic padding rows only on every DP rank (their loss mask sums to
+    0, so token-mean is 0/0). Rows are cut into mini-batches in rank order (``make_iterator``, no shuffle)."""
+    if not ctx.v1 or not ctx.geo.padding_rows or ctx.rows is None or ctx.lengths is None:
+        return 0
+    starts = [0, *accumulate(minis)]
+    return sum(
+        all(all(ctx.rows[i] is None for i in c[starts[j] : starts[j + 1]]) for c in chunks) for j in range(len(minis))
+    )
+
+
 def loss_scale(ctx: Ctx, name: str, D: int, mini: int, ga: int | None, dyn: bool) -> str:
     """How one micro-batch's loss is scaled: legacy 1/GA or rows/M′; engine global denominators × D."""
     if ctx.profile == "legacy":
         return f"1/GA = 1/{ga}" if not dyn else f"rows_in_micro/M′ = rows/{mini}"
     mode = ctx.get(f"{ARR}.actor.loss_agg_mode" if name == "update_actor" else "critic.loss_agg_mode")
+    pad = ctx.v1 and ctx.geo.padding_rows > 0
     if mode == "token-mean":
-        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)"
+        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)" + (
+            " (v1 padding rows: loss mask 0, not in T_mini)" if pad else ""
+        )
     if mode == "token-sum":
         return f"Σℓ × D = Σℓ × {D}"
-    tail = " / (loss_scale_factor or response width)" if mode == "seq-mean-token-sum-norm" else ""
-    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}"
+    tail = ""
+    if mode == "seq-mean-token-sum-norm":
+        factor = ctx.get(f"{ARR}.actor.loss_scale_factor") if name == "update_actor" else None
+        if factor:
+            tail = f" / loss_scale_factor {factor}"
+        elif ctx.v1:  # v1's rows are nested: the padded loss mask is as wide as the micro-batch's longest response
+            tail = " / (the micro-batch's longest response: v1 rows are unpadded)"
+        else:
+            tail = f" / response_length {ctx.geo.response_length}"
+    fixed = " (v1 padding rows counted: M·n is fixed)" if pad else ""
+    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}{fixed}"
 
 
 def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
@@ -193,12 +218,18 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)
     else:
         per_mini = [_cut(ctx, p, sub) for sub in subs]
-    ga = None if dyn else len(per_mini[0][0][0])
+    run = None if dyn else len(per_mini[0][0][0])  # micro-batches rank 0 runs in its first mini-batch
+    # verl's GA: legacy dp_actor's gradient_accumulation = M′ // m (the loss scale 1/GA), even when a rank holds
+    # fewer than M′ rows and runs fewer micro-batches; the engine has no GA variable, so GA = the micro-batches run
+    ga = None if dyn else (mini // m if ctx.profile == "legacy" and m else run)
     steps = epochs * len(minis)
-    scale = loss_scale(ctx, name, D, mini, mini // m if (m and not dyn) else ga, dyn)
+    scale = loss_scale(ctx, name, D, mini, ga, dyn)
+    ga_text = f"GA = {mini}/{m} = {ga}" if ctx.profile == "legacy" else f"GA = micro-batches per mini-batch = {ga}"
+    if not dyn and run != ga:
+        ga_text += f" (micro-batches run: {run}, the rank holds fewer rows than M′)"
     rec.formula = (
         f"{text}; {len(minis)} mini-batch(es)/epoch {minis}; "
-        + (f"GA = {mini}/{m} = {ga}" if not dyn else "GA = dynamic micro count")
+        + (ga_text if not dyn else "GA = dynamic micro count")
         + f"; optimizer steps = ppo_epochs × mini-batches = {epochs} × {len(minis)} = {steps}"
     )
     notes = [f"loss scale: {scale}"] + p.notes
@@ -210,6 +241,11 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         notes.append("actor.shuffle=true: mini-batch membership is shuffled; tokens shown are for unshuffled order")
     if dyn and ctx.lengths is None:
         notes.append("dynamic micro-batching needs lengths (--lengths)")
+    empty = padding_only_minis(ctx, chunks, minis)
+    if empty:
+        role = "actor" if name == "update_actor" else "critic"
+        notes.append(f"{message('S6', role=role, count=empty, total=len(minis))} (S6)")
+        tr.summary.setdefault("padding_only_mini_batches", {})[name] = empty
     warmup = ctx.get("trainer.critic_warmup")
     if name == "update_actor" and warmup > 1:
         notes.append(f"trainer.critic_warmup={warmup}: the actor is first updated at step {warmup}")
@@ -218,6 +254,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         "mini_normalized": mini,
         "mini_batches": minis,
         "ga": ga,
+        "micro_batches_run": run,
         "epochs": epochs,
         "optimizer_steps": steps,
         "loss_scale": scale,

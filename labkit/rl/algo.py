@@ -51,6 +51,8 @@ def grpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage: score = Σ_t reward, normalised within each uid group (unbiased std; a group of one
     gets mean 0, std 1, so its advantage is score/(1+ε), not 0). Returns (advantages, returns), equal.
+    Dtypes follow verl: a group's mean and std are in the scores' dtype, but a group of one uses float32 scalars
+    (``torch.tensor(0.0)``, ``torch.tensor(1.0)``), so its 1 + ε is rounded to float32 even for float64 rewards.
     Mirrors verl/trainer/ppo/core_algos.py: compute_grpo_outcome_advantage."""
     scores = token_level_rewards.sum(dim=-1)
     if len(index) != scores.shape[0]:
@@ -59,13 +61,20 @@ def grpo_outcome_advantage(
     for row, uid in enumerate(index):
         rows_of.setdefault(uid, []).append(row)
     with torch.no_grad():
-        mean, std = torch.zeros_like(scores), torch.ones_like(scores)
+        single_mean, single_std = torch.tensor(0.0), torch.tensor(1.0)  # verl's float32 scalars for a group of one
+        single_denom = single_std + epsilon  # rounded to float32, as verl's id2std + epsilon
+        # verl divides 0-dim tensors one row at a time: the quotient has the promoted dtype, stored back as scores'
+        work = torch.promote_types(scores.dtype, single_std.dtype)
+        adv = torch.empty_like(scores)
         for rows in rows_of.values():
+            group = scores[rows]
             if len(rows) > 1:
-                group = scores[rows]
-                mean[rows], std[rows] = torch.mean(group), torch.std(group)  # std: Bessel-corrected (N-1)
-        centred = scores - mean
-        adv = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
+                mean, std = torch.mean(group), torch.std(group)  # std: Bessel-corrected (N-1), in scores' dtype
+                centred = group - mean
+                adv[rows] = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
+            else:
+                centred = group.to(work) - single_mean
+                adv[rows] = (centred / single_denom if norm_adv_by_std_in_grpo else centred).to(scores.dtype)
         adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
 

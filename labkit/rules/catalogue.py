@@ -46,6 +46,7 @@ class CatalogueEntry:
     when: str
     why: str
     also: tuple[str, ...] = ()  # other texts of the same code (another branch of the same check)
+    v1: str = ""  # under verl 0.9.1's default v1 loop: "fires", "gone", "moves", "new" or "n/a", then why; "" = as v0
 
     def format(self, **fields: Any) -> str:
         """verl's message with ``fields`` filled in (KeyError names a missing field)."""
@@ -118,6 +119,7 @@ def render_text(code: str) -> str:
         ("where", e.where),
         ("versions", e.versions),
         ("when", e.when),
+        ("v1 loop", e.v1 or "as in the v0 loop"),
         ("why", e.why),
         ("docs", e.anchor),
     ):
@@ -131,17 +133,28 @@ section of each code below gives the message verl prints, verbatim (`{name}` mar
 the exception type, where in verl's source it is raised (`file: function`), the versions that have it, when it
 fires, and why. `labkit explain CODE` prints the same entry in a terminal.
 
-Codes: `E1`-`E45` are verl's own batch-size errors; `B1`-`B3` bare asserts (no message) of the 0.9.1 engine
-workers; `X1`-`X4` Python or torch errors verl's code runs into; `S1`-`S4` silent behaviours; `N1`-`N5` printed
-notices and conditional failures; `GA` and `V1` labkit information.
+Codes: `E1`-`E45` are verl's own batch-size errors, `E46`-`E57` those of verl 0.9.1's v1 trainer loop; `B1`-`B4`
+bare asserts (no message); `X1`-`X6` Python or torch errors verl's code runs into or raises without a message;
+`S1`-`S6` silent behaviours; `N1`-`N9` printed notices and conditional failures; `GA` labkit information.
 
-labkit models two profiles: `legacy` = the workers of verl <= 0.8 (`fsdp_workers.py`, `dp_actor.py`), and
-`engine` = the engine workers of verl 0.9.1 (`engine_workers.py`), with its v0 trainer loop
-(`trainer.use_v1=false`). "all" under versions means both.
+labkit models two profiles and three trainer loops: `legacy` = the workers of verl <= 0.8 (`fsdp_workers.py`,
+`dp_actor.py`) with the `RayPPOTrainer` loop; `engine` = the engine workers of verl 0.9.1 (`engine_workers.py`)
+with its default v1 loop (`trainer.use_v1=true`, `verl/trainer/ppo/v1`) or its v0 `RayPPOTrainer` loop
+(`trainer.use_v1=false`). "all" under versions means both profiles; each entry says how the code behaves under
+the v1 loop, and the table "Codes per trainer loop" below gathers the ones that differ.
 
 This file is generated from `data/error_catalogue.yaml`: edit the YAML, then run
 `python -m labkit.cli explain --markdown > docs/errors.md`.
 """
+
+
+_LOOP_DOC = (
+    "verl 0.9.1 runs the v1 loop by default: no driver-side repeat, the B prompts split unevenly over the agent "
+    "loops, rows in completion order, synthetic padding rows up to a multiple of lcm(D, M x n, critic M x n), "
+    "`_balance_batch` always on, dispatch through TransferQueue. Codes not listed behave as in the v0 loop "
+    "(`trainer.use_v1=false`); `validate_config` runs before the loop is chosen, so every start-up check applies "
+    "to both."
+)
 
 
 def render_markdown() -> str:
@@ -151,6 +164,10 @@ def render_markdown() -> str:
     for w, entries in by_when.items():
         links = ", ".join(f"[{e.code}](#{e.code.lower()})" for e in entries)
         out.append(f"- [{w}](#{w.replace(' ', '-')}): {_WHEN_DOC[w]} {links}")
+    out += ["", "## Codes per trainer loop", "", _LOOP_DOC, "", "| code | title | under the v1 loop |", "|---|---|---|"]
+    for e in catalogue().values():
+        if e.v1:
+            out.append(f"| [{e.code}](#{e.code.lower()}) | {e.title} | {e.v1} |")
     for w, entries in by_when.items():
         out += ["", f"## {w}", "", _WHEN_DOC[w]]
         for e in entries:
@@ -164,6 +181,7 @@ def render_markdown() -> str:
                 f"- where: `{e.where}`",
                 f"- versions: {e.versions}",
                 f"- when: {e.when}",
+                f"- under the v1 loop: {e.v1 or 'as in the v0 loop'}",
                 "",
                 e.why,
             ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from labkit.config.keys import ARR
 from labkit.config.lengths import resolve_lengths
+from labkit.rules.v1_loop import loop_of, padding_rows, required_batch_multiple
 
 WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L², the linear term sized for a 7B model (h = 4096)
 MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (seconds on 2 cores at the limit)
@@ -70,7 +71,8 @@ class BatchGeometry:
     rollout_n: int
     """n, ``rollout.n``: samples generated per prompt."""
     samples: int
-    """B·n rows after the driver's repeat."""
+    """N, the rows of the step's training batch: B·n (legacy, v0: the driver's repeat); B·n + synthetic padding rows
+    (v1: ``generated_samples + padding_rows``)."""
     world_size: int
     """W = ``trainer.n_gpus_per_node`` × ``trainer.nnodes``."""
     ulysses_sp: int
@@ -99,6 +101,14 @@ class BatchGeometry:
     """The actor's ``use_remove_padding`` (``model.`` in the engine profile, ``actor.`` in legacy)."""
     ppo_epochs: int
     """The larger of the actor's and the critic's ``ppo_epochs``: passes over the batch in an update."""
+    loop: str = "v0"
+    """The trainer loop (``labkit.rules.v1_loop.loop_of``): legacy, v0 (``trainer.use_v1=false``) or v1."""
+    generated_samples: int = 0
+    """B·n trajectories the rollout produces (equal to ``samples`` outside v1)."""
+    required_multiple: int | None = None
+    """v1: lcm(D, critic M·n, actor M·n) that the batch is padded to (``_get_required_batch_multiple``), else None."""
+    padding_rows: int = 0
+    """v1: synthetic padding rows appended before balancing (128 tokens, zero loss mask each), else 0."""
 
     def too_large_to_plan(self) -> str | None:
         """Why the planner will not follow this step row by row and rank by rank (None when it will), with the
@@ -115,14 +125,20 @@ class BatchGeometry:
                 f"samples; the planner follows at most {MAX_PLANNED_SAMPLES * 16:,} sample-passes per update."
             )
         per_rank = f", {self.samples // self.dp_size:,} rows per DP rank" if self.dp_size else ""
+        pad = (
+            f" + {self.padding_rows:,} v1 padding rows (multiple {self.required_multiple:,})"
+            if self.padding_rows
+            else ""
+        )
         return (
-            f"too large to plan per rank: B·n = {self.prompts:,}·{self.rollout_n:,} = {self.samples:,} samples "
+            f"too large to plan per rank: B·n = {self.prompts:,}·{self.rollout_n:,}{pad} = {self.samples:,} samples "
             f"over W = {self.world_size:,} GPUs (D = {self.dp_size:,}{per_rank}); the planner follows at most "
             f"{MAX_PLANNED_SAMPLES:,} samples and {MAX_PLANNED_RANKS:,} GPUs."
         )
 
     def lengths(self, spec: Sequence[int] | str | None, seed: int = 0) -> list[int] | None:
-        """One length per sample (``labkit.config.lengths.resolve_lengths`` with B, n and the widths)."""
+        """One length per generated sample, B·n (``labkit.config.lengths.resolve_lengths`` with B, n and the widths);
+        v1's synthetic padding rows are not included (``v1_lengths`` appends them)."""
         return resolve_lengths(
             spec,
             n_prompts=self.prompts,
@@ -144,15 +160,25 @@ class BatchGeometry:
             g(f"{ARR}.rollout.response_length"),
         )
         rmpad = g(f"{ARR}.{'model' if cfg.profile == 'engine' else 'actor'}.use_remove_padding")
+        loop = loop_of(cfg.profile, cfg.profile == "engine" and g("trainer.use_v1"))
+        D = dp_size_of(world, sp)
+        multiple, pad = None, 0
+        if loop == "v1":  # v1 fetches train_batch_size prompts per step (gen_batch_size only sizes the fetches)
+            prompts = g("data.train_batch_size")
+            if D:
+                critic = g("critic.ppo_mini_batch_size") if cfg.need_critic else None
+                actor = g(f"{ARR}.actor.ppo_mini_batch_size")
+                multiple = required_batch_multiple(D, n, actor, critic, g("trainer.critic_warmup"))
+                pad = padding_rows(prompts * n, multiple)
         return cls(
             profile=cfg.profile,
             train_batch_size=g("data.train_batch_size"),
             prompts=prompts,
             rollout_n=n,
-            samples=prompts * n,
+            samples=prompts * n + pad,
             world_size=world,
             ulysses_sp=sp,
-            dp_size=dp_size_of(world, sp),
+            dp_size=D,
             rollout_tp=tp,
             rollout_dp=rdp,
             rollout_pp=pp,
@@ -164,6 +190,10 @@ class BatchGeometry:
             width=pl + rl,
             remove_padding=bool(rmpad),
             ppo_epochs=max(g(f"{ARR}.actor.ppo_epochs"), g("critic.ppo_epochs")),
+            loop=loop,
+            generated_samples=prompts * n,
+            required_multiple=multiple,
+            padding_rows=pad,
         )
 
 

@@ -52,10 +52,12 @@ FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tok
 
 
 def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
-    """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides."""
+    """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides.
+    Engine defaults say ``trainer.use_v1=false``: the live step runs verl 0.9.1's v0 loop (RayPPOTrainer.fit)."""
     if isinstance(cfg, VerlConfig):
         return cfg
-    return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
+    loop = ["trainer.use_v1=false"] if profile == "engine" else []
+    return load_config(overrides=[*DEFAULT_OVERRIDES, *loop, *(cfg or [])], profile=profile)
 
 
 def _stats(prefix: str, v: torch.Tensor, nan_if_empty: bool) -> dict[str, float]:
@@ -155,6 +157,11 @@ class GRPOTrainer:
         measure_memory: bool = False,
     ) -> None:
         self.cfg = trainer_config(cfg)
+        if self.cfg.profile == "engine" and self.cfg.get("trainer.use_v1"):
+            raise ValueError(
+                "the live trainer runs verl 0.9.1's v0 loop (RayPPOTrainer.fit): set trainer.use_v1=false; "
+                "labkit.plan.step plans the v1 loop (trainer.use_v1=true, 0.9.1's default) without running it"
+            )
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
             raise ValueError(
                 f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "

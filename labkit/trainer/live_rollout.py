@@ -32,10 +32,12 @@ RETURNED = "generate:returned"
 
 
 def rollout_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
-    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens) plus overrides."""
+    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens) plus overrides.
+    Engine defaults say ``trainer.use_v1=false``: the live rollout's per-rank partition is the v0 loop's dispatch."""
     if isinstance(cfg, VerlConfig):
         return cfg
-    return load_config(overrides=[*DEFAULT_OVERRIDES, *(cfg or [])], profile=profile)
+    loop = ["trainer.use_v1=false"] if profile == "engine" else []
+    return load_config(overrides=[*DEFAULT_OVERRIDES, *loop, *(cfg or [])], profile=profile)
 
 
 @dataclass(frozen=True)

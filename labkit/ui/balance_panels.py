@@ -161,6 +161,7 @@ def balance_panel(
                 budget=prompt_length + response_length,
                 micro=1,
             )
+            + ["trainer.use_v1=false"]  # RayPPOTrainer._balance_batch (v0); notebook 10 shows v1's
         )
         trace = plan(cfg, v["lengths"], seed=v["seed"])
         metrics = trace.summary.get("global_seqlen")

@@ -4,14 +4,13 @@ Mirrors the agent-loop split (``AgentLoopManager.generate_sequences``), ``RayPPO
 DP dispatch of every worker call, static/dynamic micro-batching (legacy ``dp_actor``/``dp_critic``; engine
 ``TrainingWorker.train_mini_batch`` + ``prepare_micro_batches``) and the legacy silent behaviours (ragged
 mini-batches and their loss weights). Both profiles follow the ``RayPPOTrainer``
-(v0) loop; verl 0.9.1's default ``trainer.use_v1=true`` trainer instead pads the batch to
-a multiple of lcm(D, M x n, critic M x n) in its ``_balance_batch`` (``trainer/ppo/v1/trainer_base.py``), so
-E38/E27/E29 need not arise there; E28 still does (it tests M x n against D, which padding cannot change).
+(v0) loop when ``trainer.use_v1=false``; under verl 0.9.1's default v1 loop (``trainer/ppo/v1/trainer_base.py:
+PPOTrainer._step_once``) the prompts split unevenly over the agent loops (no E26), the batch is padded to a multiple
+of lcm(D, M x n, critic M x n) before an always-on balance (no E36/E38), TransferQueue chunks need not be equal
+(no E27), so E29 cannot follow a passing E28, while E30 is checked on the padded rows per rank.
 """
 
 from __future__ import annotations
-
-import math
 
 from labkit.rules.catalogue import message
 from labkit.validate.micro_checks import (
@@ -20,7 +19,7 @@ from labkit.validate.micro_checks import (
     legacy_update_checks,
     static_forward_checks,
 )
-from labkit.validate.snapshot import AE, NOTICE, STEP1, Run, Snap, mod
+from labkit.validate.snapshot import AE, NOTICE, SILENT, STEP1, Run, Snap, mod
 
 FIT = "verl/trainer/ppo/ray_trainer.py: RayPPOTrainer"
 SEQ = "verl/utils/seqlen_balancing.py"
@@ -28,7 +27,10 @@ DISPATCH = "verl/single_controller/base/decorator.py: make_nd_compute_dataproto_
 
 
 def _dispatch(run: Run, s: Snap, k: int, stage: str, role: str) -> bool:
-    """The nd-dispatch chunk of one worker call: DataProto.chunk (legacy, E26) / chunk_tensordict (engine, E27)."""
+    """The nd-dispatch chunk of one worker call: DataProto.chunk (legacy, E26) / chunk_tensordict (engine, E27);
+    v1's TransferQueue ``BatchMeta.chunk`` allows uneven chunks (nothing to check)."""
+    if s.geo.loop == "v1":
+        return False
     if s.legacy:
         return run.add(
             s.samples % k != 0,
@@ -54,44 +56,56 @@ def _dispatch(run: Run, s: Snap, k: int, stage: str, role: str) -> bool:
     )
 
 
-def _v1_padding(run: Run, s: Snap, D: int) -> None:
-    """0.9.1's default v1 loop pads the batch before balancing (trainer/ppo/v1/trainer_base.py:
-    PPOTrainer._get_required_batch_multiple, padding_utils.upsample_batch_to_divisible_size); labkit models v0."""
-    X, terms = s.train_batch_size * s.rollout_n, [f"D = {D}"]
-    L = D
+def _v1_batch(run: Run, s: Snap, D: int) -> None:
+    """The v1 loop's dataloader fetches and padding: E47 when gen_batch_size does not divide train_batch_size
+    (``PPOTrainer._next_train_batch``), verl's upsampling log line (N6) and the ignored balance flag (S5)."""
+    gen = s.gen_batch_size or s.train_batch_size
+    run.add(
+        s.train_batch_size % gen != 0,
+        "E47",
+        "ValueError",
+        message("E47", num_prompts=s.train_batch_size, gen_batch_size=gen),
+        STEP1,
+        "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._next_train_batch",
+        [f"data.train_batch_size = {s.train_batch_size}", f"data.gen_batch_size = {gen}", mod(s.train_batch_size, gen)],
+        "The v1 loop collects train_batch_size prompts per step from whole dataloader batches of gen_batch_size.",
+        role="trainer",
+    )
+    geo = s.geo
+    X, L, pad = geo.generated_samples, geo.required_multiple, geo.padding_rows
+    terms = [f"D = {D}"]
     if s.need_critic:
-        L = math.lcm(L, s.critic_ppo_mini_batch_size * s.rollout_n)
         terms.append(f"critic M x n = {s.critic_ppo_mini_batch_size} x {s.rollout_n}")
     if s.critic_warmup <= 1:  # the actor updates from global step 1 on
-        L = math.lcm(L, s.ppo_mini_batch_size * s.rollout_n)
         terms.append(f"M x n = {s.ppo_mini_batch_size} x {s.rollout_n}")
-    pad = -X % L
-    what = []
-    if pad:
-        what.append(
-            f"its _balance_batch first appends {pad} synthetic 128-token samples (zero loss) so the batch "
-            f"divides by {L}: E38, E27 and E29 cannot fire there and the rows per rank differ from this plan"
-        )
-    if not s.balance_batch:
-        what.append("it balances the batch even with trainer.balance_batch=false (verl issue #7758)")
     run.add(
-        bool(what),
-        "V1",
+        pad > 0,
+        "N6",
         None,
-        "",
+        message("N6", rows=X, padded=X + pad, pad=pad, multiple=L),
         STEP1,
-        "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._balance_batch",
+        "verl/trainer/ppo/padding_utils.py: upsample_batch_to_divisible_size",
         [
             f"B x n = {s.train_batch_size} x {s.rollout_n} = {X}",
-            f"lcm({', '.join(terms)}) = {L}",
-            f"pad = {pad} synthetic samples",
-            f"rows per DP rank under v1 = ({X} + {pad}) / {D} = {(X + pad) // D}",
+            f"required multiple = lcm({', '.join(terms)}) = {L}",
+            f"pad = -{X} % {L} = {pad} synthetic rows of 128 tokens",
+            f"rows per DP rank = ({X} + {pad}) / {D} = {(X + pad) // D}",
         ],
-        "labkit's engine profile follows 0.9.1's v0 loop (RayPPOTrainer, trainer.use_v1=false). verl 0.9.1 runs "
-        "trainer.use_v1=true by default, a loop labkit does not model. Among other differences, "
-        + "; and ".join(what)
-        + ". Set trainer.use_v1=false to run what labkit shows.",
+        "The v1 loop appends synthetic rows (loss mask 0) so the batch divides by D and by every mini-batch; they "
+        "still run through every forward and backward pass.",
         NOTICE,
+        role="trainer",
+    )
+    run.add(
+        not s.balance_batch,
+        "S5",
+        None,
+        message("S5"),
+        STEP1,
+        "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._step_once",
+        ["trainer.balance_batch = false"],
+        "The v1 loop never reads trainer.balance_batch (verl issue #7758): it pads and reorders every step.",
+        SILENT,
         role="trainer",
     )
 
@@ -103,8 +117,9 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
     """
     Mp, Mcp = micro.get("Mp"), micro.get("Mcp")
     N, W = s.samples, s.world_size
+    v1 = s.geo.loop == "v1"
     run.add(
-        N % s.agent_workers != 0,
+        not v1 and N % s.agent_workers != 0,  # v1 chunks the B prompts, unevenly if need be
         "E26",
         AE,
         message("E26", size=N, chunks=s.agent_workers),
@@ -121,9 +136,9 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
     if W % s.ulysses_sp:
         return  # the Ulysses mesh already failed at worker init (X4)
     D = W // s.ulysses_sp
-    if not s.legacy and s.use_v1:
-        _v1_padding(run, s, D)
-    if s.balance_batch:
+    if v1:
+        _v1_batch(run, s, D)
+    if s.balance_batch and not v1:  # v1 pads to a multiple of D first: E36/E38 cannot fire
         where = f"{FIT}._balance_batch -> {SEQ}"
         run.add(
             N < D,
@@ -187,7 +202,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                 static_forward_checks(
                     run,
                     s,
-                    N // Dr,
+                    -(-N // Dr) if v1 else N // Dr,  # v1: the first TransferQueue chunks are the longer ones
                     micro.get("ref", s.ref_log_prob_micro_batch_size_per_gpu),
                     "ref.log_prob_micro_batch_size_per_gpu",
                     "ref_log_prob",

@@ -14,6 +14,7 @@ reward-model micro keys (E5).
 
 from __future__ import annotations
 
+from labkit.rules.catalogue import message
 from labkit.validate.snapshot import (
     ACTOR_PY,
     AE,
@@ -210,6 +211,18 @@ def startup_checks(run: Run, s: Snap) -> None:
             "With val_kwargs.do_sample the check reads rollout.temperature (not val_kwargs.temperature).",
             role="rollout",
         )
+    run.add(  # main_ppo.main, after validate_config: the only switch between the two 0.9.1 loops
+        s.geo.loop == "v0",
+        "N7",
+        None,
+        message("N7"),
+        STARTUP,
+        "verl/trainer/main_ppo.py: main",
+        ["trainer.use_v1 = false"],
+        "verl 0.9.1 warns that its v0 loop (RayPPOTrainer) is deprecated; labkit models it with trainer.use_v1=false.",
+        NOTICE,
+        role="trainer",
+    )
 
 
 def _critic_startup(run: Run, s: Snap) -> None:
