@@ -352,6 +352,7 @@ def _cfg(profile: str, W: int, sp: int, dynamic: bool, m: int, budget: int):
             f"{r}.log_prob_micro_batch_size_per_gpu={m}",
             f"{r}.log_prob_max_token_len_per_gpu={budget}",
             f"{a}.ppo_epochs=2",
+            *(["trainer.use_v1=false"] if profile == "engine" else []),  # the live actor gets rows as v0 sends them
         ],
     )
 

@@ -301,11 +301,11 @@ def ray_session():
 
 def _ray_session_commands() -> list[str]:
     """Command lines of the processes of the connected Ray session (those that name its session folder)."""
-    from labkit.runtime.ray_launcher import _session_pids
+    from labkit.runtime.ray_reaper import session_pids
 
     session = import_ray()._private.worker.global_worker.node.get_session_dir_path()
     out = []
-    for pid in _session_pids(session):
+    for pid in session_pids(session, exclude=(os.getpid(),)):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 out.append(f.read().replace(b"\0", b" ").decode(errors="replace"))

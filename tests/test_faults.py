@@ -175,3 +175,55 @@ def test_a_grpo_step_names_the_rank_killed_in_each_stage(monkeypatch, stage):
     assert time.monotonic() - t0 < 60 + BOUND_S
     assert info.value.rank == 1 and f"(pid {pid}) was killed by SIGKILL" in str(info.value), info.value
     assert report["left_pids"] == [] and new_leftovers(before) == {}
+
+
+DRIVER = """
+import sys
+from labkit.runtime.demo_worker import DemoWorker
+from labkit.runtime.worker_group import WorkerGroup
+
+if __name__ == "__main__":
+    wg = WorkerGroup(DemoWorker, 2, launcher=sys.argv[1], timeout_s=120)
+    print(" ".join(map(str, wg.pids)), flush=True)
+    wg.sleep(600)  # every rank busy in a call
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_nothing_outlives_a_killed_driver(launcher, signum, tmp_path):
+    """The driver dies while its ranks are busy: its ranks and, with Ray, the Ray it started (gcs_server, raylet,
+    agents, actors) are gone within seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _procs import cmdline, descendants
+
+    from labkit.runtime.local_launcher import pid_alive
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    root = Path(__file__).resolve().parents[1]
+    driver = subprocess.Popen(
+        [sys.executable, str(script), launcher], stdout=subprocess.PIPE, text=True, cwd=root, env=env
+    )
+    tree: set[int] = set()
+    try:
+        ranks = [int(p) for p in driver.stdout.readline().split()]
+        assert len(ranks) == 2 and all(map(pid_alive, ranks)), ranks
+        time.sleep(1.0)
+        tree = descendants(driver.pid) - {driver.pid}
+        assert set(ranks) <= tree or launcher == "ray"
+        driver.send_signal(signum)
+        driver.wait(20)
+        deadline = time.monotonic() + 15
+        while any(map(pid_alive, tree)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {p: cmdline(p)[:80] for p in tree if pid_alive(p)}
+        assert not left, f"outlived the {signal.Signals(signum).name} of their driver: {left}"
+    finally:
+        driver.kill()
+        for pid in tree:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

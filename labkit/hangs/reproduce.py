@@ -89,7 +89,9 @@ def run_ranks(method: str, *args: Any, tp: int = 1, timeout_s: float = 3.0, **kw
 
 
 def _config(*overrides: str, profile: str = "legacy") -> Any:
-    return load_config(overrides=[*BASE, *overrides], profile=profile)
+    """The lab's config; under ``engine`` the v0 loop, whose rows reach the ranks as the lab dispatches them."""
+    loop = ["trainer.use_v1=false"] if profile == "engine" else []
+    return load_config(overrides=[*BASE, *loop, *overrides], profile=profile)
 
 
 def _dp_lengths(trace: Any, lengths: list[int]) -> list[list[int]]:

@@ -11,10 +11,12 @@ import importlib
 import os
 import pickle
 import queue
+import shutil
 import signal
 import sys
 import threading
 import time
+from multiprocessing import util as mp_util
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
@@ -112,20 +114,25 @@ def _serve_status(conn: Any, host: RankHost) -> None:
 DRIVER_POLL_S = 0.5  # how often a rank checks that its driver is still alive
 
 
-def _exit_without_driver(driver_pid: int) -> None:
+def _exit_without_driver(driver_pid: int, driver_tempdir: str | None) -> None:
     """Exit this rank once its driver is gone: a SIGKILLed driver cannot close its ranks, and a rank busy in a call
-    never reads the pipe that would tell it (os._exit: no cleanup can be trusted without the driver)."""
+    never reads the pipe that would tell it (os._exit: no cleanup can be trusted without the driver). The driver's
+    multiprocessing folder (/tmp/pymp-*, the fork server's socket), which only the driver's exit removes, goes too."""
     while pid_alive(driver_pid):
         time.sleep(DRIVER_POLL_S)
+    if driver_tempdir and os.path.basename(driver_tempdir).startswith("pymp-"):
+        shutil.rmtree(driver_tempdir, ignore_errors=True)
     os._exit(70)
 
 
-def local_rank_main(conn: Any, status_conn: Any, host_kwargs: dict, driver_pid: int | None = None) -> None:
+def local_rank_main(
+    conn: Any, status_conn: Any, host_kwargs: dict, driver_pid: int | None = None, driver_tempdir: str | None = None
+) -> None:
     """Entry point of a spawned rank: build the host, then serve calls until shutdown or the pipe closes (or the
     driver process ``driver_pid`` dies)."""
     os.setpgrp()  # the rank leads a process group of its own: close() takes down whatever the rank started too
     if driver_pid is not None:
-        threading.Thread(target=_exit_without_driver, args=(driver_pid,), daemon=True).start()
+        threading.Thread(target=_exit_without_driver, args=(driver_pid, driver_tempdir), daemon=True).start()
     host = RankHost(**host_kwargs)
     threading.Thread(target=_serve_status, args=(status_conn, host), daemon=True).start()
     _send(conn, ("ready", host.ready()))
@@ -232,7 +239,7 @@ class LocalLauncher:
             sparent, schild = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=local_rank_main,
-                args=(child, schild, host_kwargs[rank], os.getpid()),
+                args=(child, schild, host_kwargs[rank], os.getpid(), mp_util.get_temp_dir()),
                 name=f"labkit-rank{rank}",
                 daemon=True,
             )

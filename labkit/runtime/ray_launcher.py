@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from labkit.runtime import ray_reaper
 from labkit.runtime.rank_host import RankHost, not_ready_envelope
+from labkit.runtime.ray_reaper import session_pids
 
 QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 # raylet settings for a Ray labkit starts: no idle Python workers prestarted at start-up (actors get workers of their
@@ -81,27 +83,6 @@ def import_ray() -> Any:
     return ray
 
 
-def _session_pids(session_dir: str) -> list[int]:
-    """PIDs whose command line or open files point into a Ray session folder."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                hit = session_dir.encode() in f.read()
-            if not hit:
-                for fd in os.listdir(f"/proc/{entry}/fd"):
-                    if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(session_dir):
-                        hit = True
-                        break
-        except OSError:
-            continue
-        if hit:
-            pids.append(int(entry))
-    return pids
-
-
 def _reap_failed_start(t_start: float) -> None:
     """Kill what a failed ray.init of this driver left (agents orphaned when the raylet aborted)."""
     root = os.path.join(tempfile.gettempdir(), "ray")
@@ -110,7 +91,7 @@ def _reap_failed_start(t_start: float) -> None:
     for name in os.listdir(root):
         path = os.path.join(root, name)
         if name.startswith("session_2") and f"_{os.getpid()}" in name and os.path.getmtime(path) >= t_start - 1:
-            for pid in _session_pids(path):
+            for pid in session_pids(path, exclude=(os.getpid(),)):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -119,13 +100,14 @@ def _reap_failed_start(t_start: float) -> None:
 
 _HOLDERS = 0  # worker groups / hold_ray callers sharing the Ray connection labkit made (0: labkit made none)
 _SESSION_DIR: str | None = None  # the session folder of the local Ray labkit started (removed when it stops)
+_REAPER: Any = None  # the process that takes that Ray down if this driver is killed (labkit.runtime.ray_reaper)
 
 
 def start_ray(num_cpus: int) -> bool:
     """Start a quiet local Ray (or join RAY_ADDRESS) unless one is connected; True when the caller holds a share of
     a connection labkit made (then it must call stop_ray once). A Ray the user started is never held, and the
     connection labkit made is shut down only when its last holder stops: two worker groups may share it."""
-    global _HOLDERS, _SESSION_DIR
+    global _HOLDERS, _SESSION_DIR, _REAPER
     ray = import_ray()
     if ray.is_initialized():
         if _HOLDERS > 0:
@@ -136,6 +118,8 @@ def start_ray(num_cpus: int) -> bool:
     _connect(ray, num_cpus)
     _HOLDERS = 1
     _SESSION_DIR = None if os.environ.get("RAY_ADDRESS") else _session_dir(ray)
+    if _SESSION_DIR:
+        _REAPER = ray_reaper.start(_SESSION_DIR)
     return True
 
 
@@ -246,7 +230,7 @@ def _lean_head() -> Iterator[None]:
 
 def stop_ray() -> None:
     """Give back one share of the Ray connection labkit made (start_ray returned True); the last one shuts it down."""
-    global _HOLDERS, _SESSION_DIR
+    global _HOLDERS, _SESSION_DIR, _REAPER
     _HOLDERS = max(0, _HOLDERS - 1)
     if _HOLDERS == 0:
         ray = import_ray()
@@ -255,6 +239,10 @@ def stop_ray() -> None:
         if _SESSION_DIR and os.path.basename(_SESSION_DIR).startswith("session_"):  # the Ray labkit started locally
             shutil.rmtree(_SESSION_DIR, ignore_errors=True)
         _SESSION_DIR = None
+        if _REAPER is not None:
+            _REAPER.kill()
+            _REAPER.wait()
+            _REAPER = None
 
 
 def _host_class() -> Any:
