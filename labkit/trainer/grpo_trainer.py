@@ -34,6 +34,7 @@ from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
 from labkit.trainer.live_rollout import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
+from labkit.trainer import v1_batch
 from labkit.trainer.live_rollout import sizes
 
 DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO step needs
@@ -157,11 +158,6 @@ class GRPOTrainer:
         measure_memory: bool = False,
     ) -> None:
         self.cfg = trainer_config(cfg)
-        if self.cfg.profile == "engine" and self.cfg.get("trainer.use_v1"):
-            raise ValueError(
-                "the live trainer runs verl 0.9.1's v0 loop (RayPPOTrainer.fit): set trainer.use_v1=false; "
-                "labkit.plan.step plans the v1 loop (trainer.use_v1=true, 0.9.1's default) without running it"
-            )
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
             raise ValueError(
                 f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
@@ -175,6 +171,14 @@ class GRPOTrainer:
                 f"default); labkit.plan.step shows what verl does with a different ref size"
             )
         self.sizes = s = sizes(self.cfg)
+        self.loop = s.geo.loop
+        if self.loop == "v1" and s.geo.generated_samples % max(s.geo.rollout_dp, 1):
+            raise ValueError(
+                f"the live v1 step hands the B·n = {s.geo.generated_samples} sessions to the "
+                f"{s.geo.rollout_dp} rollout replicas in equal consecutive shares (verl's least-in-flight balancer "
+                "has no fixed split): B·n must be a multiple of the number of replicas"
+            )
+        self.v1: v1_batch.V1Batch | None = None
         self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
         self.kl_ctrl_in_reward = (
             kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward") else None
@@ -246,33 +250,18 @@ class GRPOTrainer:
             with self._timer("step", timing, _Progress(0, "", False)):
                 data_seed = self.seed if self.fixed_prompts else self.seed * 100_003 + self.global_steps
                 prompts = rollout.make_gen_batch(s.geo.prompts, data_seed, s.geo.prompt_length, self.tokenizer)
-                with self._timer("gen", timing, bar):
-                    batch = rollout.generate(
-                        self.wg,
-                        prompts,
-                        s.geo.rollout_n,
-                        do_sample=s.do_sample,
-                        temperature=s.temperature,
-                        top_k=s.top_k,
-                        top_p=s.top_p,
-                        response_length=s.geo.response_length,
-                        seed=self.seed * 1_000_003 + self.global_steps,
-                    )
-                    gen_metrics = batch.meta_info.pop("metrics", [])
+                if self.loop == "v1":
+                    batch, order, gen_metrics = self._v1_rollout(prompts, timing, bar, metrics)
+                else:
+                    batch, order, gen_metrics = self._v0_rollout(prompts, timing, bar, metrics)
                 mem["generate"] = self._memory()
-                self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
-                order = list(range(len(batch)))
-                with self._timer("balance", timing, bar):
-                    if cfg.get("trainer.balance_batch"):
-                        res = balance_batch(self.lengths, self.wg.dp_size("actor"))
-                        order = res.global_idx
-                        batch.reorder(torch.tensor(order))
-                        metrics.update(res.metrics)
                 batch.meta_info.update(
                     temperature=s.temperature, global_token_num=batch.batch["attention_mask"].sum(-1).tolist()
                 )
                 with self._timer("reward", timing, bar):
-                    scores, _ = token_level_scores(batch, self.tokenizer)
+                    real = v1_batch.real_rows(batch)  # v1: padding rows score 0 (rm_scores = [0.0])
+                    scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+                    scores[real] = token_level_scores(batch.select_idxs(real), self.tokenizer)[0]
                     batch.batch["token_level_scores"] = scores
                 with self._timer("old_log_prob", timing, bar):
                     old = actor_client.compute_log_prob(self.wg, batch)
@@ -322,7 +311,8 @@ class GRPOTrainer:
                     self.synced = self.wg.update_weights()
         finally:
             bar.close()
-        metrics.update(data_metrics(batch, s.geo.response_length, s.geo.prompt_length, cfg.profile))
+        kept = batch.select_idxs(v1_batch.real_rows(batch))  # v1: data metrics leave the padding rows out
+        metrics.update(data_metrics(kept, s.geo.response_length, s.geo.prompt_length, cfg.profile))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = int(sum(batch.meta_info["global_token_num"]))
         metrics.update(
@@ -338,15 +328,72 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
+    def _generate(self, prompts: DataProto, n: int) -> DataProto:
+        s = self.sizes
+        return rollout.generate(
+            self.wg,
+            prompts,
+            n,
+            do_sample=s.do_sample,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            response_length=s.geo.response_length,
+            seed=self.seed * 1_000_003 + self.global_steps,
+        )
+
+    def _v0_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
+        """v0: driver repeat (interleaved), generate, ``_balance_batch`` when trainer.balance_batch."""
+        with self._timer("gen", timing, bar):
+            batch = self._generate(prompts, self.sizes.geo.rollout_n)
+            gen_metrics = batch.meta_info.pop("metrics", [])
+        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        order = list(range(len(batch)))
+        with self._timer("balance", timing, bar):
+            if self.cfg.get("trainer.balance_batch"):
+                res = balance_batch(self.lengths, self.wg.dp_size("actor"))
+                order = res.global_idx
+                batch.reorder(torch.tensor(order))
+                metrics.update(res.metrics)
+        return batch, order, gen_metrics
+
+    def _v1_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
+        """v1 (PPOTrainer._step_once): n sessions per prompt inside its agent-loop worker, rows in completion order,
+        synthetic padding rows to the required multiple, then the always-on KK balance (ascending index)."""
+        geo = self.sizes.geo
+        with self._timer("gen", timing, bar):
+            rows, split = v1_batch.sessions(prompts, geo.rollout_n, geo.agent_workers)
+            batch = self._generate(rows, 1)
+            gen_metrics = batch.meta_info.pop("metrics", [])
+        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()  # submission order p·n + session
+        ends = batch.batch["response_mask"].sum(-1).tolist()
+        done = v1_batch.completion_order(ends, batch.non_tensor_batch["agent_worker"])
+        batch.reorder(torch.tensor(done))
+        batch = v1_batch.add_padding_rows(
+            batch, geo.padding_rows, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        )
+        with self._timer("balance", timing, bar):
+            parts, seqlen = v1_batch.balance(batch.batch["attention_mask"].sum(-1).tolist(), self.wg.dp_size("actor"))
+            order = [i for part in parts for i in part]
+            batch.reorder(torch.tensor(order))
+            metrics.update(seqlen)
+        self.v1 = v1_batch.V1Batch(split, done, [int(x) for x in ends], geo.padding_rows, parts, seqlen)
+        return batch, order, gen_metrics
+
     def _live_trace(self, order: list[int], mem: dict[str, list[int]], metrics: dict) -> StepTrace:
         """The group's trace of this step plus the driver stages and a ``balance`` record per rank: the rows and
         tokens each rank then received at old_log_prob (dispatch of the reordered batch), with their indices."""
         tr = self.wg.reset_trace()
         N, D = len(order), self.wg.dp_size("actor")
-        tr.stages[:0] = [
-            StageRecord("dataloader", "dataloader batch", self.sizes.geo.prompts, "prompts"),
-            StageRecord("repeat", "repeat for generation", N, "samples"),
-        ]
+        geo = self.sizes.geo
+        tr.stages[:0] = (
+            v1_batch.driver_stages(self.v1, geo.prompts, geo.rollout_n, N)
+            if self.loop == "v1" and self.v1 is not None
+            else [
+                StageRecord("dataloader", "dataloader batch", geo.prompts, "prompts"),
+                StageRecord("repeat", "repeat for generation", N, "samples"),
+            ]
+        )
         size = N // D
         tr.stages.append(StageRecord("balance", "union + _balance_batch", N, "samples", size))
         for r in tr.at("old_log_prob"):
@@ -376,7 +423,15 @@ class GRPOTrainer:
             lengths=list(self.lengths or []),
             order=list(order),
             sizes=self.sizes.as_dict(),
+            loop=self.loop,
         )
+        if self.loop == "v1" and self.v1 is not None:
+            tr.summary.update(
+                agent_loop={"prompts_per_worker": self.v1.prompts_per_worker},
+                completion_order=list(self.v1.completion_order),
+                end_steps=list(self.v1.end_steps),
+                v1_padding={"padding_rows": self.v1.padding_rows, "rows": N},
+            )
         return tr
 
     def prediction(self) -> StepTrace:
@@ -384,7 +439,8 @@ class GRPOTrainer:
         generation order (the planner balances them itself)."""
         if self.lengths is None:
             raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
-        tr = plan(self.cfg, lengths=self.lengths)
+        order = self.v1.completion_order if self.loop == "v1" and self.v1 is not None else None
+        tr = plan(self.cfg, lengths=self.lengths, completion_order=order)
         return fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
 
     def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
