@@ -6,7 +6,10 @@ reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.rl.r
 ``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``.
 ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
 collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
-Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order) and metric_utils.compute_data_metrics.
+With ``trainer.use_v1=true`` (engine) the step is verl 0.9.1's v1 loop (``labkit.trainer.v1_batch``: agent-loop
+sessions, completion order, padding rows, always-on balance) and the prediction gets the live completion order.
+Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order), v1/trainer_base.py: PPOTrainer._step_once
+and metric_utils.compute_data_metrics.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tok
 
 def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
     """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides.
-    Engine defaults say ``trainer.use_v1=false``: the live step runs verl 0.9.1's v0 loop (RayPPOTrainer.fit)."""
+    Engine defaults say ``trainer.use_v1=false`` (verl 0.9.1's v0 loop, RayPPOTrainer.fit); pass
+    ``trainer.use_v1=true`` for the v1 loop (PPOTrainer)."""
     if isinstance(cfg, VerlConfig):
         return cfg
     loop = ["trainer.use_v1=false"] if profile == "engine" else []
@@ -172,10 +176,10 @@ class GRPOTrainer:
             )
         self.sizes = s = sizes(self.cfg)
         self.loop = s.geo.loop
-        if self.loop == "v1" and s.geo.generated_samples % max(s.geo.rollout_dp, 1):
+        if self.loop == "v1" and s.geo.generated_samples % max(s.geo.rollout_replicas, 1):
             raise ValueError(
                 f"the live v1 step hands the B·n = {s.geo.generated_samples} sessions to the "
-                f"{s.geo.rollout_dp} rollout replicas in equal consecutive shares (verl's least-in-flight balancer "
+                f"{s.geo.rollout_replicas} rollout replicas in equal consecutive shares (verl's least-in-flight balancer "
                 "has no fixed split): B·n must be a multiple of the number of replicas"
             )
         self.v1: v1_batch.V1Batch | None = None
@@ -272,7 +276,7 @@ class GRPOTrainer:
                             batch.batch["response_mask"],
                             self.settings.loss_agg_mode,
                             profile=cfg.profile,
-                            loss_scale_factor=self.settings.loss_scale_factor,
+                            loss_scale_factor=self._entropy_horizon(batch),
                         )
                     )
                     old.pop(batch_keys=["entropys"])
@@ -342,6 +346,15 @@ class GRPOTrainer:
             seed=self.seed * 1_000_003 + self.global_steps,
         )
 
+    def _entropy_horizon(self, batch: DataProto) -> int | None:
+        """loss_scale_factor of the driver's actor/entropy: v1 pads its nested responses to the step's longest one,
+        so seq-mean-token-sum-norm without a factor divides by that (v0: response_length, the tensor width)."""
+        factor = self.settings.loss_scale_factor
+        if self.loop != "v1" or factor is not None or self.settings.loss_agg_mode != "seq-mean-token-sum-norm":
+            return factor
+        width = batch.batch["responses"].shape[1]
+        return int(batch.batch["attention_mask"][:, -width:].sum(-1).max())
+
     def _v0_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
         """v0: driver repeat (interleaved), generate, ``_balance_batch`` when trainer.balance_batch."""
         with self._timer("gen", timing, bar):
@@ -377,6 +390,7 @@ class GRPOTrainer:
             order = [i for part in parts for i in part]
             batch.reorder(torch.tensor(order))
             metrics.update(seqlen)
+        batch.meta_info["loss_horizon"] = "micro_batch"  # seq-mean-token-sum-norm: v1's per-micro-batch horizon
         self.v1 = v1_batch.V1Batch(split, done, [int(x) for x in ends], geo.padding_rows, parts, seqlen)
         return batch, order, gen_metrics
 
