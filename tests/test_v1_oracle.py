@@ -324,10 +324,3 @@ def test_cli_says_which_loop(capsys):
     assert main(["check", *SEED_EXAMPLE, f"{ARR}.actor.ppo_mini_batch_size=25"]) == 1
     out = capsys.readouterr().out
     assert "verl rejects this config (engine profile, v1 loop):" in out and "(E30)" in out and "N6 Upsampled" in out
-
-
-def test_live_trainer_refuses_the_v1_loop_with_a_clear_message():
-    from labkit.trainer.grpo_trainer import GRPOTrainer
-
-    with pytest.raises(ValueError, match=r"runs verl 0\.9\.1's v0 loop .*set trainer\.use_v1=false"):
-        GRPOTrainer(["trainer.use_v1=true"], launcher="local")

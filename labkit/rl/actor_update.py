@@ -139,6 +139,18 @@ def run_update(w: Any, data: DataProto) -> DataProto:
     return DataProto.from_dict(meta_info={"metrics": metrics})
 
 
+def _v1_horizon(info: dict, data: DataProto, batch: dict, loss_agg_mode: str) -> dict:
+    """v1 loop (driver sets meta_info["loss_horizon"] = "micro_batch"): seq-mean-token-sum-norm without
+    loss_scale_factor divides by the micro-batch's longest response (v1's nested responses padded to their longest,
+    a padding row's 1 token included), not by response_length. Mirrors core_algos.agg_loss on v1's data."""
+    if data.meta_info.get("loss_horizon") != "micro_batch" or loss_agg_mode != "seq-mean-token-sum-norm":
+        return info
+    if info.get("loss_scale_factor") is not None:
+        return info
+    width = batch["responses"].shape[1]
+    return {**info, "loss_scale_factor": int(batch["attention_mask"][:, -width:].sum(-1).max())}
+
+
 def _micro_loss(
     w: Any,
     rec: CallRecord,
@@ -167,6 +179,7 @@ def _micro_loss(
     )
     rec.forward(before, sp)
     mask = batch["response_mask"]
+    info = _v1_horizon(info, data, batch, s.loss_agg_mode)
     old = log_prob.detach() if on_policy else batch["old_log_probs"]
     pg_loss, pg_metrics = policy_loss_vanilla(
         old,

@@ -6,12 +6,14 @@ reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.rl.r
 ``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``.
 ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
 collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
-Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order) and metric_utils.compute_data_metrics.
+With ``trainer.use_v1=true`` (engine) the step is verl 0.9.1's v1 loop (``labkit.trainer.v1_batch``: agent-loop
+sessions, completion order, padding rows, always-on balance) and the prediction gets the live completion order.
+Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order), v1/trainer_base.py: PPOTrainer._step_once
+and metric_utils.compute_data_metrics.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -33,8 +35,10 @@ from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trainer import v1_batch
 from labkit.trainer.live_rollout import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
 from labkit.trainer.live_rollout import sizes
+from labkit.trainer.step_metrics import _Progress, data_metrics
 
 DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO step needs
     "algorithm.adv_estimator=grpo",
@@ -53,18 +57,12 @@ FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tok
 
 def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
     """A VerlConfig as is, or the small CPU GRPO defaults (8 prompts × n=4 on 4 ranks, mini 8, micro 4) + overrides.
-    Engine defaults say ``trainer.use_v1=false``: the live step runs verl 0.9.1's v0 loop (RayPPOTrainer.fit)."""
+    Engine defaults say ``trainer.use_v1=false`` (verl 0.9.1's v0 loop, RayPPOTrainer.fit); pass
+    ``trainer.use_v1=true`` for the v1 loop (PPOTrainer)."""
     if isinstance(cfg, VerlConfig):
         return cfg
     loop = ["trainer.use_v1=false"] if profile == "engine" else []
     return load_config(overrides=[*DEFAULT_OVERRIDES, *loop, *(cfg or [])], profile=profile)
-
-
-def _stats(prefix: str, v: torch.Tensor, nan_if_empty: bool) -> dict[str, float]:
-    """mean/max/min of ``v``; empty: NaN (0.9.1) or torch.max's RuntimeError (0.7.1 has no empty guard)."""
-    if v.numel() == 0 and nan_if_empty:
-        return {f"{prefix}/{k}": float("nan") for k in ("mean", "max", "min")}
-    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
 
 
 LIVE_MEMORY_PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
@@ -78,64 +76,6 @@ def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
         cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
         gathered_layers=1, need_ref=True, need_critic=False,
     )  # fmt: skip
-
-
-def data_metrics(
-    batch: DataProto, max_response_length: int, max_prompt_length: int, profile: str = "engine"
-) -> dict[str, float]:
-    """critic/score|rewards (non-aborted rows: response length > 0)|advantages|returns/{mean,max,min},
-    response_length/*, response_length_non_aborted/*, response/aborted_ratio, prompt_length/* (no critic).
-    Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics(use_critic=False), in 0.7.1 and 0.9.1 alike
-    except when a selection is empty: 0.9.1 logs NaN, 0.7.1 raises."""
-    b, nan_ok = batch.batch, profile == "engine"
-    resp_mask = b["response_mask"].bool()
-    prompt_len = b["attention_mask"][:, : -b["responses"].shape[1]].sum(-1).float()
-    resp_len = resp_mask.sum(-1).float()
-    kept = resp_len != 0
-    out: dict[str, float] = {}
-    for name, seq in (("score", b["token_level_scores"].sum(-1)), ("rewards", b["token_level_rewards"].sum(-1))):
-        out.update(_stats(f"critic/{name}", seq[kept], nan_ok))
-    for name in ("advantages", "returns"):
-        out.update(_stats(f"critic/{name}", b[name][resp_mask], nan_ok))
-    if not nan_ok and not bool(kept.any()):
-        raise ValueError("All samples are aborted, this should not happen.")
-    for name, seq, top in (
-        ("response_length", resp_len, max_response_length),
-        ("response_length_non_aborted", resp_len[kept], max_response_length),
-        ("prompt_length", prompt_len, max_prompt_length),
-    ):
-        out.update(_stats(name, seq, nan_ok))
-        out[f"{name}/clip_ratio"] = float((seq == top).float().mean()) if seq.numel() else float("nan")
-    out["response/aborted_ratio"] = float((~kept).float().mean())
-    return out
-
-
-class _Progress:
-    """tqdm when installed (never a new dependency), else one printed line per stage."""
-
-    def __init__(self, total: int, desc: str, enabled: bool) -> None:
-        self.bar, self.enabled, self.desc = None, enabled, desc
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=desc, leave=False)
-            except ImportError:
-                pass
-
-    def stage(self, name: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(name)
-        elif self.enabled:
-            print(f"{self.desc}: {name} …", file=sys.stderr, flush=True)
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 class GRPOTrainer:
@@ -157,11 +97,6 @@ class GRPOTrainer:
         measure_memory: bool = False,
     ) -> None:
         self.cfg = trainer_config(cfg)
-        if self.cfg.profile == "engine" and self.cfg.get("trainer.use_v1"):
-            raise ValueError(
-                "the live trainer runs verl 0.9.1's v0 loop (RayPPOTrainer.fit): set trainer.use_v1=false; "
-                "labkit.plan.step plans the v1 loop (trainer.use_v1=true, 0.9.1's default) without running it"
-            )
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
             raise ValueError(
                 f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
@@ -175,6 +110,14 @@ class GRPOTrainer:
                 f"default); labkit.plan.step shows what verl does with a different ref size"
             )
         self.sizes = s = sizes(self.cfg)
+        self.loop = s.geo.loop
+        if self.loop == "v1" and s.geo.generated_samples % max(s.geo.rollout_replicas, 1):
+            raise ValueError(
+                f"the live v1 step hands the B·n = {s.geo.generated_samples} sessions to the "
+                f"{s.geo.rollout_replicas} rollout replicas in equal consecutive shares (verl's least-in-flight balancer "
+                "has no fixed split): B·n must be a multiple of the number of replicas"
+            )
+        self.v1: v1_batch.V1Batch | None = None
         self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
         self.kl_ctrl_in_reward = (
             kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward") else None
@@ -246,33 +189,18 @@ class GRPOTrainer:
             with self._timer("step", timing, _Progress(0, "", False)):
                 data_seed = self.seed if self.fixed_prompts else self.seed * 100_003 + self.global_steps
                 prompts = rollout.make_gen_batch(s.geo.prompts, data_seed, s.geo.prompt_length, self.tokenizer)
-                with self._timer("gen", timing, bar):
-                    batch = rollout.generate(
-                        self.wg,
-                        prompts,
-                        s.geo.rollout_n,
-                        do_sample=s.do_sample,
-                        temperature=s.temperature,
-                        top_k=s.top_k,
-                        top_p=s.top_p,
-                        response_length=s.geo.response_length,
-                        seed=self.seed * 1_000_003 + self.global_steps,
-                    )
-                    gen_metrics = batch.meta_info.pop("metrics", [])
+                if self.loop == "v1":
+                    batch, order, gen_metrics = self._v1_rollout(prompts, timing, bar, metrics)
+                else:
+                    batch, order, gen_metrics = self._v0_rollout(prompts, timing, bar, metrics)
                 mem["generate"] = self._memory()
-                self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
-                order = list(range(len(batch)))
-                with self._timer("balance", timing, bar):
-                    if cfg.get("trainer.balance_batch"):
-                        res = balance_batch(self.lengths, self.wg.dp_size("actor"))
-                        order = res.global_idx
-                        batch.reorder(torch.tensor(order))
-                        metrics.update(res.metrics)
                 batch.meta_info.update(
                     temperature=s.temperature, global_token_num=batch.batch["attention_mask"].sum(-1).tolist()
                 )
                 with self._timer("reward", timing, bar):
-                    scores, _ = token_level_scores(batch, self.tokenizer)
+                    real = v1_batch.real_rows(batch)  # v1: padding rows score 0 (rm_scores = [0.0])
+                    scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+                    scores[real] = token_level_scores(batch.select_idxs(real), self.tokenizer)[0]
                     batch.batch["token_level_scores"] = scores
                 with self._timer("old_log_prob", timing, bar):
                     old = actor_client.compute_log_prob(self.wg, batch)
@@ -283,7 +211,7 @@ class GRPOTrainer:
                             batch.batch["response_mask"],
                             self.settings.loss_agg_mode,
                             profile=cfg.profile,
-                            loss_scale_factor=self.settings.loss_scale_factor,
+                            loss_scale_factor=self._entropy_horizon(batch),
                         )
                     )
                     old.pop(batch_keys=["entropys"])
@@ -322,7 +250,8 @@ class GRPOTrainer:
                     self.synced = self.wg.update_weights()
         finally:
             bar.close()
-        metrics.update(data_metrics(batch, s.geo.response_length, s.geo.prompt_length, cfg.profile))
+        kept = batch.select_idxs(v1_batch.real_rows(batch))  # v1: data metrics leave the padding rows out
+        metrics.update(data_metrics(kept, s.geo.response_length, s.geo.prompt_length, cfg.profile))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = int(sum(batch.meta_info["global_token_num"]))
         metrics.update(
@@ -338,15 +267,82 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
+    def _generate(self, prompts: DataProto, n: int) -> DataProto:
+        s = self.sizes
+        return rollout.generate(
+            self.wg,
+            prompts,
+            n,
+            do_sample=s.do_sample,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            response_length=s.geo.response_length,
+            seed=self.seed * 1_000_003 + self.global_steps,
+        )
+
+    def _entropy_horizon(self, batch: DataProto) -> int | None:
+        """loss_scale_factor of the driver's actor/entropy: v1 pads its nested responses to the step's longest one,
+        so seq-mean-token-sum-norm without a factor divides by that (v0: response_length, the tensor width)."""
+        factor = self.settings.loss_scale_factor
+        if self.loop != "v1" or factor is not None or self.settings.loss_agg_mode != "seq-mean-token-sum-norm":
+            return factor
+        width = batch.batch["responses"].shape[1]
+        return int(batch.batch["attention_mask"][:, -width:].sum(-1).max())
+
+    def _v0_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
+        """v0: driver repeat (interleaved), generate, ``_balance_batch`` when trainer.balance_batch."""
+        with self._timer("gen", timing, bar):
+            batch = self._generate(prompts, self.sizes.geo.rollout_n)
+            gen_metrics = batch.meta_info.pop("metrics", [])
+        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        order = list(range(len(batch)))
+        with self._timer("balance", timing, bar):
+            if self.cfg.get("trainer.balance_batch"):
+                res = balance_batch(self.lengths, self.wg.dp_size("actor"))
+                order = res.global_idx
+                batch.reorder(torch.tensor(order))
+                metrics.update(res.metrics)
+        return batch, order, gen_metrics
+
+    def _v1_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
+        """v1 (PPOTrainer._step_once): n sessions per prompt inside its agent-loop worker, rows in completion order,
+        synthetic padding rows to the required multiple, then the always-on KK balance (ascending index)."""
+        geo = self.sizes.geo
+        with self._timer("gen", timing, bar):
+            rows, split = v1_batch.sessions(prompts, geo.rollout_n, geo.agent_workers)
+            batch = self._generate(rows, 1)
+            gen_metrics = batch.meta_info.pop("metrics", [])
+        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()  # submission order p·n + session
+        ends = batch.batch["response_mask"].sum(-1).tolist()
+        done = v1_batch.completion_order(ends, batch.non_tensor_batch["agent_worker"])
+        batch.reorder(torch.tensor(done))
+        batch = v1_batch.add_padding_rows(
+            batch, geo.padding_rows, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        )
+        with self._timer("balance", timing, bar):
+            parts, seqlen = v1_batch.balance(batch.batch["attention_mask"].sum(-1).tolist(), self.wg.dp_size("actor"))
+            order = [i for part in parts for i in part]
+            batch.reorder(torch.tensor(order))
+            metrics.update(seqlen)
+        batch.meta_info["loss_horizon"] = "micro_batch"  # seq-mean-token-sum-norm: v1's per-micro-batch horizon
+        self.v1 = v1_batch.V1Batch(split, done, [int(x) for x in ends], geo.padding_rows, parts, seqlen)
+        return batch, order, gen_metrics
+
     def _live_trace(self, order: list[int], mem: dict[str, list[int]], metrics: dict) -> StepTrace:
         """The group's trace of this step plus the driver stages and a ``balance`` record per rank: the rows and
         tokens each rank then received at old_log_prob (dispatch of the reordered batch), with their indices."""
         tr = self.wg.reset_trace()
         N, D = len(order), self.wg.dp_size("actor")
-        tr.stages[:0] = [
-            StageRecord("dataloader", "dataloader batch", self.sizes.geo.prompts, "prompts"),
-            StageRecord("repeat", "repeat for generation", N, "samples"),
-        ]
+        geo = self.sizes.geo
+        tr.stages[:0] = (
+            v1_batch.driver_stages(self.v1, geo.prompts, geo.rollout_n, N)
+            if self.loop == "v1" and self.v1 is not None
+            else [
+                StageRecord("dataloader", "dataloader batch", geo.prompts, "prompts"),
+                StageRecord("repeat", "repeat for generation", N, "samples"),
+            ]
+        )
         size = N // D
         tr.stages.append(StageRecord("balance", "union + _balance_batch", N, "samples", size))
         for r in tr.at("old_log_prob"):
@@ -376,7 +372,15 @@ class GRPOTrainer:
             lengths=list(self.lengths or []),
             order=list(order),
             sizes=self.sizes.as_dict(),
+            loop=self.loop,
         )
+        if self.loop == "v1" and self.v1 is not None:
+            tr.summary.update(
+                agent_loop={"prompts_per_worker": self.v1.prompts_per_worker},
+                completion_order=list(self.v1.completion_order),
+                end_steps=list(self.v1.end_steps),
+                v1_padding={"padding_rows": self.v1.padding_rows, "rows": N},
+            )
         return tr
 
     def prediction(self) -> StepTrace:
@@ -384,7 +388,8 @@ class GRPOTrainer:
         generation order (the planner balances them itself)."""
         if self.lengths is None:
             raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
-        tr = plan(self.cfg, lengths=self.lengths)
+        order = self.v1.completion_order if self.loop == "v1" and self.v1 is not None else None
+        tr = plan(self.cfg, lengths=self.lengths, completion_order=order)
         return fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
 
     def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
