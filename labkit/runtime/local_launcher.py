@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
@@ -120,8 +121,10 @@ def _exit_without_driver(driver_pid: int, driver_tempdir: str | None) -> None:
     multiprocessing folder (/tmp/pymp-*, the fork server's socket), which only the driver's exit removes, goes too."""
     while pid_alive(driver_pid):
         time.sleep(DRIVER_POLL_S)
-    if driver_tempdir and os.path.basename(driver_tempdir).startswith("pymp-"):
-        shutil.rmtree(driver_tempdir, ignore_errors=True)
+    own_tempdir = mp_process.current_process()._config.get("tempdir")  # made by this rank; os._exit skips its cleanup
+    for folder in (driver_tempdir, own_tempdir):
+        if folder and os.path.basename(folder).startswith("pymp-"):
+            shutil.rmtree(folder, ignore_errors=True)
     os._exit(70)
 
 
