@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 
-def descendants(pid: int) -> set[int]:
-    """``pid`` and every process below it."""
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid."""
     children: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -15,12 +15,28 @@ def descendants(pid: int) -> set[int]:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it."""
+    children = _children()
     found, todo = set(), [pid]
     while todo:
         p = todo.pop()
         found.add(p)
         todo.extend(children.get(p, []))
     return found
+
+
+def spawned_processes() -> set[int]:
+    """Live processes below this one, except multiprocessing's own helpers (the fork server, the resource tracker),
+    which serve the whole test process; ranks forked by the fork server are below it, so they do count."""
+    from labkit.runtime.local_launcher import pid_alive
+
+    me = os.getpid()
+    helpers = {p for p in _children().get(me, []) if "forkserver" in cmdline(p) or "resource_tracker" in cmdline(p)}
+    return {p for p in descendants(me) - {me} - helpers if pid_alive(p)}
 
 
 def cmdline(pid: int) -> str:

@@ -4,48 +4,25 @@ planner's collective counts. A timeout anywhere else in a live run carries the s
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
+from _procs import spawned_processes
 
 from labkit.hangs import reproduce
 from labkit.plan.hang_risk import unsynced_counts
-from labkit.runtime.local_launcher import pid_alive
 
 TIMEOUT_S = 2.0
 pytestmark = pytest.mark.slow
 
 
-def _descendants() -> set[int]:
-    """Live descendants of this process other than multiprocessing's fork server and resource tracker."""
-    parent, cmd = {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd[int(entry)] = f.read().decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            pass
-    me, out = os.getpid(), set()
-    for pid in parent:
-        p, hops = pid, 0
-        while p in parent and p != me and hops < 64:
-            p, hops = parent[p], hops + 1
-        helper = parent.get(pid) == me and ("forkserver" in cmd[pid] or "resource_tracker" in cmd[pid])
-        if p == me and pid != me and pid_alive(pid) and not helper:
-            out.add(pid)
-    return out
-
-
 def _run(scenario: str) -> reproduce.HangRun:
-    before = _descendants()
+    before = spawned_processes()
     t0 = time.monotonic()
     run = reproduce.SCENARIOS[scenario](timeout_s=TIMEOUT_S)
     assert time.monotonic() - t0 < 60, "a reproduction and its fix must end within a minute"
     assert run.left_pids == [], f"rank processes left behind: {run.left_pids}"
-    left = _descendants() - before
+    left = spawned_processes() - before
     assert not left, f"processes left behind: {left}"
     assert run.fixed is not None and run.fixed.completed, [r["error"] for r in run.fixed.results]
     assert run.fixed.mismatches == [], run.fixed.mismatches  # the fixed run issues what the planner predicts
@@ -140,9 +117,9 @@ def test_a_on_the_fsdp2_actor_the_heavy_rank_fails_in_fsdps_all_gather():
     forward fails in torch's own all-gather after the timeout and reports stage, micro-batch and the torch call."""
     from labkit.hangs.fsdp import fsdp_unsynced_dynamic_bsz
 
-    before = _descendants()
+    before = spawned_processes()
     run = fsdp_unsynced_dynamic_bsz(timeout_s=TIMEOUT_S)
-    assert run.left_pids == [] and not (_descendants() - before)
+    assert run.left_pids == [] and not (spawned_processes() - before)
     d = run.diagnosis
     assert (d.rank, d.stage, d.collective) == (0, "old_log_prob", "all_gather(params)")
     heavy = d.ranks[0]

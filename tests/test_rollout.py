@@ -13,6 +13,7 @@ import torch
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import rollout
 from labkit.runtime.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.runtime.ray_reaper import session_pids
 from labkit.runtime.worker_group import WorkerGroup, live_groups
 from labkit.trainer.live_rollout import LiveRollout, generate_stage_ok, returned, rollout_config
 
@@ -110,19 +111,6 @@ def test_bad_layouts_fail_on_the_driver_before_any_process():
 
 
 # ---- live groups (real Ray actors, real gloo process groups) -------------------------------------------------------
-def _session_pids(session_dir: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if session_dir.encode() in f.read():
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
 @pytest.fixture(scope="module")
 def ray_session():
     if not ray_available():
@@ -135,9 +123,11 @@ def ray_session():
         stop_ray()
         assert not ray.is_initialized()
         deadline = time.monotonic() + 15
-        while _session_pids(session) and time.monotonic() < deadline:
+        while session_pids(session, exclude=(os.getpid(),)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _session_pids(session) == [], "Ray processes of this session outlived ray.shutdown()"
+        assert session_pids(session, exclude=(os.getpid(),)) == [], (
+            "Ray processes of this session outlived ray.shutdown()"
+        )
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[f"W{w}-TP{t}" for w, t in CONFIGS])
