@@ -16,7 +16,7 @@ from labkit.config.verl_config import ConfigError, load_config
 from labkit.plan.step import plan
 from labkit.rules.geometry import lengths_for_config
 from labkit.ui import balance_figures, figures, lessons
-from labkit.ui.panels import verdict_html
+from labkit.ui.verdict import verdict_html
 from labkit.validate.report import check
 
 _STYLE = {"description_width": "150px"}

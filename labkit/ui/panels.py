@@ -9,6 +9,10 @@ import ipywidgets as W
 
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.trace import StepTrace
+from labkit.ui.html_table import html_table
+from labkit.ui.verdict import verdict_html
+
+__all__ = ["FOUR_LAYER_SLIDERS", "plan_panel", "stage_table_html", "verdict_html"]
 
 # (override key, label, min, max, step)
 FOUR_LAYER_SLIDERS = [
@@ -25,36 +29,16 @@ FOUR_LAYER_SLIDERS = [
 
 def stage_table_html(trace: StepTrace) -> str:
     """The pipeline-at-a-glance table as HTML: stage, global rows, per-rank rows, rule."""
-    rows = "".join(
-        f"<tr><td>{html.escape(s.name)}</td><td style='text-align:right'>{s.global_rows} {html.escape(s.unit)}</td>"
-        f"<td style='text-align:right'>{'' if s.per_rank_rows is None else s.per_rank_rows}</td>"
-        f"<td>{html.escape(s.formula)}</td></tr>"
+    rows = [
+        {
+            "stage": s.name,
+            "global": f"{s.global_rows} {s.unit}",
+            "per rank": s.per_rank_rows,
+            "rule": s.formula,
+        }
         for s in trace.stages
-    )
-    head = "<tr><th>stage</th><th>global</th><th>per rank</th><th>rule</th></tr>"
-    return f"<table>{head}{rows}</table>"
-
-
-def verdict_html(report) -> str:
-    """verl's verdict: the first error (type, exact message, when, arithmetic, fixes) or a pass."""
-    first = getattr(report, "first_error", None)
-    silent = [f for f in getattr(report, "findings", []) if getattr(f, "severity", "") == "silent"]
-    out = []
-    if first is None:
-        out.append("<b style='color:#2a7'>verl accepts this config.</b>")
-    else:
-        out.append(
-            f"<b style='color:#c33'>{html.escape(str(first.exc_type))}</b> at <i>{first.when}</i> "
-            f"({html.escape(first.where)}):<pre>{html.escape(first.message)}</pre>"
-        )
-        if first.arithmetic:
-            out.append("<pre>" + html.escape("\n".join(first.arithmetic)) + "</pre>")
-        out.append(html.escape(first.explanation))
-        if first.fixes:
-            out.append("<br>Smallest fixes: " + ", ".join(f"<code>{html.escape(x)}</code>" for x in first.fixes))
-    for f in silent:
-        out.append(f"<br><b style='color:#b80'>silent</b>: {html.escape(f.explanation)}")
-    return "<div>" + "".join(out) + "</div>"
+    ]
+    return html_table(rows)
 
 
 def plan_panel(
