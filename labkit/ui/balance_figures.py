@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from labkit.rules.geometry import workload
-from labkit.ui.figures import PALETTE
+from labkit.ui.figures import LIGHT, PALETTE
 
 TOKENS = "real tokens"
 
@@ -21,7 +21,7 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 360) -> go
         title=title,
         xaxis_title=x,
         yaxis_title=y,
-        template="plotly_white",
+        template=LIGHT,
         height=height,
         margin=dict(l=60, r=20, t=50, b=50),
         legend_title_text="",

@@ -9,7 +9,7 @@ import ipywidgets as W
 
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.trace import StepTrace
-from labkit.ui.html_table import html_table
+from labkit.ui.plan_tables import stage_table_html
 from labkit.ui.verdict import verdict_html
 
 __all__ = ["FOUR_LAYER_SLIDERS", "plan_panel", "stage_table_html", "verdict_html"]
@@ -25,20 +25,6 @@ FOUR_LAYER_SLIDERS = [
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "micro/GPU", 1, 64, 1),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU", 1, 64, 1),
 ]
-
-
-def stage_table_html(trace: StepTrace) -> str:
-    """The pipeline-at-a-glance table as HTML: stage, global rows, per-rank rows, rule."""
-    rows = [
-        {
-            "stage": s.name,
-            "global": f"{s.global_rows} {s.unit}",
-            "per rank": s.per_rank_rows,
-            "rule": s.formula,
-        }
-        for s in trace.stages
-    ]
-    return html_table(rows)
 
 
 def plan_panel(
