@@ -1,7 +1,7 @@
 """Tables for notebooks as plain escaped HTML with a few lines of inline CSS.
 
-Rich's box-drawing tables wrap and break in a notebook's output area; an HTML table reflows with the page, copies into
-a spreadsheet and renders the same in JupyterLab, nbval's HTML and a browser test.
+Rich's box-drawing tables wrap and break in a notebook's output area; an HTML table reflows with the page and copies
+into a spreadsheet.
 """
 
 from __future__ import annotations
