@@ -108,6 +108,16 @@ def code_of(text: str, codes: tuple[str, ...] | None = None) -> str | None:
     return next((c for c, pat in _patterns() if (codes is None or c in codes) and pat.match(text)), None)
 
 
+def message_fields(code: str, text: str) -> dict[str, str]:
+    """The values verl formatted into ``text``, by field name, if ``text`` is one of ``code``'s messages; else {}."""
+    for template in entry(code).templates:
+        m = _pattern(template).match(text)
+        if m:
+            names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+            return dict(zip(names, m.groups()))
+    return {}
+
+
 def render_text(code: str) -> str:
     """One entry as plain text (``labkit explain CODE``)."""
     e = entry(code)

@@ -1,7 +1,9 @@
 """Presentation layer: what the notebooks show.
 
-Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``), ipywidgets
-panels (``panels``, ``balance_panels``, ``trainer_panels``), small computations the notebooks need
-(``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer
-below it; nothing imports it except notebooks.
+Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``; their shared look
+and fast construction in ``figure_style``), ipywidgets panels (``panels``, ``balance_panels``, ``trainer_panels``,
+built from ``panel_parts``; a live run's status line in ``live_status``), verl's verdict as a card and the check
+that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), small computations
+the notebooks need (``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import
+every layer below it; nothing imports it except notebooks.
 """

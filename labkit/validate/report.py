@@ -156,9 +156,17 @@ class VerlCheckError(Exception):
 
     exc_type = "Exception"
 
-    def __init__(self, finding: Finding) -> None:
+    def __init__(self, finding: Finding, config: VerlConfig | None = None, check_args: dict | None = None) -> None:
         super().__init__(finding.message)
         self.finding = finding
+        self.config, self._check_args = config, dict(check_args or {})
+
+    def fixes(self) -> list[str]:
+        """The verified fixes of this error (``raise_for`` skips the search; this runs it, for the config raised on)."""
+        if self.finding.fixes or self.config is None:
+            return list(self.finding.fixes)
+        first = check(self.config, **self._check_args).first_error
+        return list(first.fixes) if first is not None and first.code == self.finding.code else []
 
 
 class VerlAssertionError(VerlCheckError, AssertionError):
@@ -194,9 +202,12 @@ def raise_for(
     max_seq_len: int | None = None,
 ) -> None:
     """Raise what verl raises first for this config (a subclass of verl's exception type); else return."""
-    first = check(cfg, num_attention_heads, num_key_value_heads, max_seq_len=max_seq_len, fixes=False).first_error
+    args = dict(
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, max_seq_len=max_seq_len
+    )
+    first = check(cfg, **args, fixes=False).first_error
     if first is not None:
-        raise _EXC.get(first.exc_type or "", VerlCheckError)(first)
+        raise _EXC.get(first.exc_type or "", VerlCheckError)(first, cfg, args)
 
 
 # -- normalised quantities the planner needs, per profile, never raising -----------------------------------------
