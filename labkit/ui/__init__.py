@@ -2,6 +2,7 @@
 
 Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``), ipywidgets
 panels (``panels``, ``balance_panels``, ``trainer_panels``), small computations the notebooks need
-(``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer
+(``lessons``), the start-here dashboard (``dashboard``: state, view, figures; ``suite``: the notebook map) and the
+JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer
 below it; nothing imports it except notebooks.
 """
