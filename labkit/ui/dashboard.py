@@ -52,7 +52,6 @@ class _Worker:
         self._cv = threading.Condition()
         self._job: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
-        self._busy = False
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._cv:
@@ -66,10 +65,9 @@ class _Worker:
             with self._cv:
                 job, self._job = self._job, None
                 if job is None:
-                    self._thread, self._busy = None, False
+                    self._thread = None
                     self._cv.notify_all()
                     return
-                self._busy = True
             job()
 
     def wait(self, timeout: float = 60.0) -> bool:
@@ -168,10 +166,11 @@ class Dashboard:
         with self._lock:
             self._gen += 1
             gen = self._gen
-        hit = S.cached(inputs)
-        if hit is not None or not self.background:
-            self._show(gen, hit or S.evaluate(inputs))
-            self._follow(gen, self.state)
+        st = S.cached(inputs)
+        if st is not None or not self.background:
+            st = st or S.evaluate(inputs)
+            self._show(gen, st)
+            self._follow(gen, st)
             return
         first = S.quick(inputs)
         self._show(gen, first, pending=not S.final(first))

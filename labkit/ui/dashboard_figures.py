@@ -17,6 +17,7 @@ from labkit.ui.figures import PALETTE
 from labkit.ui.html_table import html_table
 
 GiB = 2**30
+COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#1F77B4", "#8C564B", "#17BECF", "#BCBD22"]  # one per memory term
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 METRICS = {  # RankRecord field -> axis title (with its unit)
     "tokens": "real tokens per DP rank",
@@ -139,7 +140,7 @@ def memory_figure(rep: Any) -> dict:
             "name": term,
             "x": names,
             "y": [rep.phases[n].terms.get(term, 0) / GiB for n in names],
-            "marker": {"color": PALETTE[i % len(PALETTE)]},
+            "marker": {"color": COLORS[i % len(COLORS)]},
             "hovertemplate": f"{term}: %{{y:.2f}} GiB<extra></extra>",
         }
         for i, term in enumerate(terms)

@@ -124,6 +124,11 @@ def render(st: State, metric: str = "tokens", pending: bool = False) -> View:
         hangs = note("(a) and (b) depend on the tokens each DP rank holds: checked once the tokens are planned.")
     else:
         hangs = F.hangs_html(st.risks, st.dynamic, st.lengths is not None)
+        if st.dynamic and st.lengths is not None:
+            hangs += note(
+                f"One draw of {st.inputs.lengths} (seed {st.inputs.seed}); the chance over 64 draws: "
+                f"labkit check CONFIG --lengths {st.inputs.lengths}"
+            )
     return View(
         status=_status(st, pending),
         verdict=_verdict(st),
