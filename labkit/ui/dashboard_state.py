@@ -3,9 +3,10 @@ of every phase and the hang risks. The same functions as ``labkit check`` / ``pl
 ``validate.report.check``, ``plan.step.plan``, ``memory.verdict.memory_report``, ``plan.hang_risk``; nothing here
 decides a batch rule.
 
-Cost: a step's per-token plan (dynamic micro-batches, Karmarkar-Karp) grows with B·n, about 6 µs a sample on one
-core; above ``INLINE_SAMPLES`` the tokens are planned only on request (``evaluate(..., tokens=True)``) so every update
-stays fast, and the rows are planned at once.
+Cost: ``quick`` (parse + verl's checks) takes milliseconds; the per-token plan and the hang check (dynamic
+micro-batches, Karmarkar-Karp) grow with B·n: 0.1-0.3 s for 4,096 samples, 1-2 s for 32,768 on the shared 2-core
+machine. Above ``INLINE_SAMPLES`` a first evaluation plans the rows only (``tokens_deferred``) and the tokens come with
+``evaluate(..., tokens=True)``, which the dashboard runs next on its worker thread.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ from labkit.rules.geometry import BatchGeometry
 from labkit.trace import StepTrace
 from labkit.validate.report import Report, check
 
-INLINE_SAMPLES = 8192  # B·n planned token by token inside an update (~50 ms measured on the 2-core machine)
+INLINE_SAMPLES = 8192  # B·n planned token by token in a first evaluation
 AUTO_MODEL = "auto (model.path)"
 FALLBACK_MODEL = "Qwen2.5-7B"
 NO_LENGTHS = "none (rows only)"
 _CACHE_SIZE = 32
+
+
+class PlanningError(RuntimeError):
+    """labkit itself failed on a config (a bug to report); the dashboard shows it as a card."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,8 @@ def quick(inputs: Inputs) -> State:
             st.risks = _timed(st, "hang_risk", lambda: config_risks(cfg, None))
     except ConfigError as exc:  # the text, a key, a value, a bad interpolation
         st.error = exc
+    except Exception as exc:  # noqa: BLE001 - a labkit bug: a card instead of a traceback in the widget log
+        st.report, st.error = None, PlanningError(f"labkit failed on this config: {type(exc).__name__}: {exc}")
     with _LOCK:
         _QUICK.put(_key(inputs), st)
     return st
@@ -253,11 +260,13 @@ def evaluate(inputs: Inputs, tokens: bool = False) -> State:
     t0 = time.perf_counter()
     try:
         _plan(st, st.cfg, tokens)
+        if st.accepted:
+            _memory(st, st.cfg)
     except (ConfigError, LengthsError) as exc:  # lengths wider than the rollout width ...
         st.error = exc
-    if st.accepted:
-        _memory(st, st.cfg)
-    st.timings_ms["total"] = sum(v for k, v in base.timings_ms.items()) + 1000 * (time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - a labkit bug: shown as a card, never a view stuck at "planning…"
+        st.error = PlanningError(f"labkit failed while planning this config: {type(exc).__name__}: {exc}")
+    st.timings_ms["total"] = sum(base.timings_ms.values()) + 1000 * (time.perf_counter() - t0)
     with _LOCK:
         _STATES.put((inputs, tokens), st)
     return st
