@@ -22,7 +22,8 @@ from rich.table import Table
 from labkit.config.lengths import LengthsError, parse_lengths
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.memory import command as memory_command
-from labkit.trace import RankRecord, StepTrace
+from labkit.plan import tables
+from labkit.trace import StepTrace
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,163 +89,37 @@ def _config(args: Sequence[str], profile: str):
     return load_config(path, overrides, profile=profile)
 
 
-def _span(values: list) -> str:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return "—"
-    lo, hi = min(vals), max(vals)
-    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
-
-
-def _rank_key(r: RankRecord) -> tuple:
-    return (
-        r.rows,
-        r.tokens,
-        r.padded_tokens,
-        tuple(m.rows for m in r.micro_batches),
-        tuple(m.tokens for m in r.micro_batches),
-        tuple(r.mini_batches),
-        tuple(sorted(r.collectives.items())),
-        r.tp_rank if r.stage == "generate" else None,
-    )
-
-
-def _rank_groups(recs: list[RankRecord]) -> list[list[RankRecord]]:
-    """Runs of consecutive ranks whose records are identical (apart from their mesh coordinates)."""
-    out: list[list[RankRecord]] = []
-    for r in recs:
-        if out and _rank_key(out[-1][-1]) == _rank_key(r) and out[-1][-1].rank == r.rank - 1:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return out
-
-
-def _coord(values: list) -> str:
-    vals = sorted({v for v in values if v is not None})
-    if not vals:
-        return "·"
-    return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
-
-
-def _micro_text(r: RankRecord) -> str:
-    if not r.micro_batches:
-        return "—"
-    rows = [m.rows for m in r.micro_batches]
-    head = f"{len(rows)} micro-batches × {_span(rows)} rows"
-    toks = [m.tokens for m in r.micro_batches]
-    if all(t is not None for t in toks):
-        head += f", {_span(toks)} tokens each"
-    return head
+def _table(title: str | None, columns: Sequence[tuple[str, str]], show_header: bool = True) -> Table:
+    t = Table(title=title, show_header=show_header)
+    for col, just in columns:
+        t.add_column(col, justify=just, overflow="fold")
+    return t
 
 
 def stage_table(tr: StepTrace) -> Table:
     """One row per stage: global count, per-rank rows, micro-batches per rank, tokens per rank, the rule."""
-    loop = tr.summary.get("loop")
-    label = f"{tr.profile} profile" + (f", {loop} loop" if loop in ("v0", "v1") else "")
-    t = Table(title=f"Pipeline at a glance ({label})", show_lines=False)
-    for col, just in (
-        ("#", "right"),
-        ("stage", "left"),
-        ("global", "right"),
-        ("per rank", "right"),
-        ("micro-batches / rank", "right"),
-        ("tokens / rank", "right"),
-        ("rule", "left"),
-    ):
-        t.add_column(col, justify=just, overflow="fold")
-    for i, s in enumerate(tr.stages, 1):
-        recs = tr.at(s.name)
-        per = "—" if s.per_rank_rows is None else f"{s.per_rank_rows:,} {'rows' if s.unit == 'samples' else s.unit}"
-        micro = _span([r.n_micro for r in recs]) if any(r.micro_batches for r in recs) else "—"
-        toks = _span([r.tokens for r in recs]) if recs else "—"
-        rule = s.formula + (f"  [{s.note}]" if s.note.startswith("verl stops") else "")
-        style = "red" if s.note.startswith("verl stops") else None
-        t.add_row(str(i), s.name, f"{s.global_rows:,} {s.unit}", per, micro, toks, escape(rule), style=style)
+    t = _table(tables.stage_title(tr), tables.STAGE_COLUMNS)
+    for row in tables.stage_rows(tr):
+        t.add_row(*(escape(str(v)) for v in row.cells), style="red" if row.stops else None)
     return t
 
 
 def rank_table(tr: StepTrace) -> Table:
     """Per-rank rows per stage, consecutive identical ranks grouped."""
-    t = Table(title="Per rank (identical consecutive ranks grouped)")
-    for col, just in (
-        ("stage", "left"),
-        ("ranks", "left"),
-        ("dp/tp/sp", "left"),
-        ("rows", "right"),
-        ("tokens", "right"),
-        ("micro-batches", "left"),
-        ("mini-batches (rows)", "left"),
-        ("collectives", "left"),
-    ):
-        t.add_column(col, justify=just, overflow="fold")
-    for s in tr.stages:
-        for group in _rank_groups(tr.at(s.name)):
-            r = group[0]
-            ranks = _coord([g.rank for g in group])
-            coords = "/".join(_coord([getattr(g, f) for g in group]) for f in ("dp_rank", "tp_rank", "sp_rank"))
-            coll = ", ".join(f"{k}×{v}" for k, v in r.collectives.items()) or "—"
-            mini = ", ".join(str(x) for x in r.mini_batches) or "—"
-            t.add_row(
-                s.name,
-                ranks,
-                coords,
-                f"{r.rows:,}",
-                "—" if r.tokens is None else f"{r.tokens:,}",
-                _micro_text(r),
-                mini,
-                escape(coll),
-            )
+    t = _table(tables.RANK_TITLE, tables.RANK_COLUMNS)
+    for row in tables.rank_rows(tr):
+        t.add_row(*(escape(str(v)) for v in row))
     return t
 
 
 def summary_table(tr: StepTrace) -> Table:
     """The key numbers and the verdict."""
-    s = tr.summary
-    t = Table(title="Summary", show_header=False)
-    t.add_column("what", style="bold")
-    t.add_column("value", overflow="fold")
-    rows: list[tuple[str, Any]] = [
-        ("trainer loop", s.get("loop_title")),
-        ("GPUs W / actor DP D / Ulysses sp", f"{s.get('W')} / {s.get('D')} / {s.get('sp')}"),
-        ("rollout tp / replicas R / agent workers A", f"{s.get('tp')} / {s.get('R')} / {s.get('A')}"),
-        ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('generated_samples')} samples"),
-        *(
-            [
-                ("agent-loop split (prompts per worker)", ",".join(map(str, s["agent_loop"]["prompts_per_worker"]))),
-                (
-                    "v1 synthetic padding rows",
-                    f"{s.get('padding_rows')} (multiple {s.get('required_multiple')}) → {s.get('samples')} rows",
-                ),
-            ]
-            if s.get("loop") == "v1" and s.get("required_multiple")
-            else []
-        ),
-        ("normalized mini-batch (rows per rank)", s.get("mini_normalized")),
-        ("mini-batches per epoch (rows)", f"{s.get('mini_batches_per_epoch')} {s.get('mini_batches')}"),
-        ("gradient accumulation GA (verl's)", s.get("ga") if s.get("ga") is not None else "dynamic"),
-        ("micro-batches run per mini-batch (rank 0)", s.get("micro_batches_run") or "dynamic"),
-        ("optimizer steps per training step", s.get("optimizer_steps_per_step")),
-        ("log-prob micro-batches per rank", s.get("log_prob_micro_batches_per_rank")),
-        ("loss scale per micro-batch", s.get("loss_scale")),
-    ]
-    if "tokens" in s:
-        tok = s["tokens"]
-        rows.append(("tokens total (padded width total)", f"{tok['total']:,} ({tok['padded_total']:,})"))
-        if "per_dp_rank_min" in tok:
-            span = f"{tok['per_dp_rank_min']:,}–{tok['per_dp_rank_max']:,}"
-            rows.append(("tokens per DP rank after balance", span))
-    for k, v in (s.get("global_seqlen") or {}).items():
-        rows.append((k, f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"))
-    for stage, err in (s.get("stage_errors") or {}).items():
-        rows.append((f"[red]verl stops at {stage}[/red]", f"{err['code']} {err['exc_type']}: {err['message']}"))
-    first = s.get("first_error")
-    if first:
-        rows.append(("[red]validate[/red]", f"{first.get('code')} {first.get('exc_type')}: {first.get('message')}"))
-    elif s.get("validate_ok"):
-        rows.append(("validate", "[green]verl accepts this config[/green]"))
-    for k, v in rows:
-        t.add_row(k, "—" if v is None else (v if isinstance(v, str) and v.startswith("[green]") else escape(str(v))))
+    t = _table("Summary", [("what", "left"), ("value", "left")], show_header=False)
+    for what, value, mood in tables.summary_rows(tr):
+        colour = {"error": "red", "ok": "green"}.get(mood)
+        what = f"[bold {colour}]{escape(what)}[/]" if colour else f"[bold]{escape(what)}[/]"
+        value = "—" if value is None else escape(str(value))
+        t.add_row(what, f"[{colour}]{value}[/]" if mood == "ok" else value)
     return t
 
 

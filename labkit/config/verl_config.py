@@ -7,12 +7,14 @@ and listed in ``VerlConfig.ignored``; keys verl does not know are an error namin
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, l
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 _INTERP = re.compile(r"^\$\{(?:oc\.select:)?\s*([^,}]+?)\s*(?:,\s*([^}]*))?\}$")
+
+
+@lru_cache(maxsize=4096)
+def _parsed(raw: str) -> Any:
+    return load_yaml(raw)
+
+
+def _override_value(raw: str) -> Any:
+    """An override's value as YAML reads it; memoised (a panel re-reads the same few dozen values on every change)."""
+    value = _parsed(raw)
+    return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
 class ConfigError(ValueError):
@@ -210,7 +223,7 @@ class VerlConfig:
             path, raw = item.split("=", 1)
             path = path.lstrip("+").strip()
             try:
-                value = load_yaml(raw) if raw.strip() else None
+                value = _override_value(raw) if raw.strip() else None
             except yaml.YAMLError as exc:
                 raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {describe(exc)}") from None
             except YamlInputError as exc:

@@ -15,7 +15,7 @@ and metric_utils.compute_data_metrics.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -95,6 +95,7 @@ class GRPOTrainer:
         timeout_s: float = 300.0,
         collective_timeout_s: float = 60.0,
         measure_memory: bool = False,
+        on_stage: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = trainer_config(cfg)
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
@@ -118,7 +119,7 @@ class GRPOTrainer:
                 "has no fixed split): B·n must be a multiple of the number of replicas"
             )
         self.v1: v1_batch.V1Batch | None = None
-        self.seed, self.progress, self.fixed_prompts = seed, progress, fixed_prompts
+        self.seed, self.progress, self.fixed_prompts, self.on_stage = seed, progress, fixed_prompts, on_stage
         self.kl_ctrl_in_reward = (
             kl_controller_from_config(self.cfg) if self.cfg.get("algorithm.use_kl_in_reward") else None
         )  # RayPPOTrainer.__init__: core_algos.get_kl_controller
@@ -136,20 +137,28 @@ class GRPOTrainer:
             prompt_length=s.geo.prompt_length,
             response_length=s.geo.response_length,
         )
-        self.wg = WorkerGroup(
-            ActorRolloutRefWorker,
-            s.geo.world_size,
-            launcher=launcher,
-            timeout_s=timeout_s,
-            collective_timeout_s=collective_timeout_s,
-            profile=self.cfg.profile,
-            init_kwargs=dict(rollout=roll, **self.settings.as_dict()),
-        )
+        bar = _Progress(2, "start-up", progress, on_stage)
+        bar.stage(f"starting {s.geo.world_size} ranks ({launcher})")
         try:
-            self.info = self.wg.init_model()
-        except BaseException:
-            self.wg.close()
-            raise
+            self.wg = WorkerGroup(
+                ActorRolloutRefWorker,
+                s.geo.world_size,
+                launcher=launcher,
+                timeout_s=timeout_s,
+                collective_timeout_s=collective_timeout_s,
+                profile=self.cfg.profile,
+                init_kwargs=dict(rollout=roll, **self.settings.as_dict()),
+            )
+            bar.advance()
+            bar.stage("init_model: load the model, shard it (FSDP2, rollout TP)")
+            try:
+                self.info = self.wg.init_model()
+            except BaseException:
+                self.wg.close()
+                raise
+            bar.advance()
+        finally:
+            bar.close()
         self.wg.actor_settings = self.settings
         self.wg.reset_trace()
 
@@ -184,7 +193,7 @@ class GRPOTrainer:
         timing: dict[str, float] = {}
         mem: dict[str, list[int]] = {}
         self.wg.reset_trace()
-        bar = _Progress(7 + use_ref, f"GRPO step {self.global_steps}", self.progress)
+        bar = _Progress(7 + use_ref, f"GRPO step {self.global_steps}", self.progress, self.on_stage)
         try:
             with self._timer("step", timing, _Progress(0, "", False)):
                 data_seed = self.seed if self.fixed_prompts else self.seed * 100_003 + self.global_steps

@@ -8,7 +8,7 @@ into "what reached the driver", so ``labkit.trace.compare`` checks both halves o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from labkit.rl import rollout
 from labkit.rules.geometry import ARR, BatchGeometry
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trainer.step_metrics import _Progress
 
 DEFAULT_OVERRIDES = (
     "data.train_batch_size=8",
@@ -121,12 +122,26 @@ class LiveRollout:
         model_path: str | None = None,
         timeout_s: float = 300.0,
         collective_timeout_s: float = 60.0,
+        progress: bool = True,
+        on_stage: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = rollout_config(cfg)
         self.sizes = s = sizes(self.cfg)
         self.timings: dict[str, float] = {}
         self._tokenizer: Any = None
+        self.progress, self.on_stage = progress, on_stage
+        bar = _Progress(2, "rollout start-up", progress, on_stage)
+        bar.stage(f"starting {s.geo.world_size} ranks ({launcher})")
         t0 = time.perf_counter()
+        try:
+            self._start(launcher, model_path, timeout_s, collective_timeout_s, bar, t0)
+        finally:
+            bar.close()
+
+    def _start(
+        self, launcher: str, model_path: str | None, timeout_s: float, collective_timeout_s: float, bar: Any, t0: float
+    ) -> None:
+        s = self.sizes
         self.wg = WorkerGroup(
             rollout.RolloutWorker,
             s.geo.world_size,
@@ -144,6 +159,8 @@ class LiveRollout:
             ),
         )
         self.timings["group_up_s"] = time.perf_counter() - t0
+        bar.advance()
+        bar.stage(f"init_model: load the model, shard it over TP {s.geo.rollout_tp}")
         try:
             t0 = time.perf_counter()
             self.info = self.wg.init_model()
@@ -151,6 +168,7 @@ class LiveRollout:
         except BaseException:
             self.wg.close()
             raise
+        bar.advance()
         self.wg.reset_trace()
 
     def __enter__(self) -> LiveRollout:
@@ -191,20 +209,14 @@ class LiveRollout:
         s = self.sizes
         batch = batch if batch is not None else self.batch(seed)
         self.wg.reset_trace()
+        bar = _Progress(1, "rollout", self.progress, self.on_stage)
+        bar.stage(f"dispatch ({dispatch}) and generate {len(batch)}·{s.geo.rollout_n} rows")
         t0 = time.perf_counter()
-        out = rollout.generate(
-            self.wg,
-            batch,
-            s.geo.rollout_n,
-            dispatch=dispatch,
-            seed=seed,
-            do_sample=s.do_sample if do_sample is None else do_sample,
-            temperature=s.temperature if temperature is None else temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            response_length=s.geo.response_length,
-            ignore_eos=ignore_eos,
-        )
+        try:
+            out = self._generate(batch, dispatch, seed, do_sample, temperature, ignore_eos)
+            bar.advance()
+        finally:
+            bar.close()
         elapsed = time.perf_counter() - t0
         trace = self.wg.reset_trace()
         trace.stages[:0] = [
@@ -227,6 +239,30 @@ class LiveRollout:
             **self.timings,
         )
         return out, trace
+
+    def _generate(
+        self,
+        batch: DataProto,
+        dispatch: str,
+        seed: int,
+        do_sample: bool | None,
+        temperature: float | None,
+        ignore_eos: bool,
+    ) -> DataProto:
+        s = self.sizes
+        return rollout.generate(
+            self.wg,
+            batch,
+            s.geo.rollout_n,
+            dispatch=dispatch,
+            seed=seed,
+            do_sample=s.do_sample if do_sample is None else do_sample,
+            temperature=s.temperature if temperature is None else temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            response_length=s.geo.response_length,
+            ignore_eos=ignore_eos,
+        )
 
     def close(self) -> dict[str, Any]:
         """Close the group; reports the rank processes still alive (must be none) and each rank's teardown."""

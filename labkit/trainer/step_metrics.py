@@ -6,6 +6,7 @@ Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -50,10 +51,11 @@ def data_metrics(
 
 
 class _Progress:
-    """tqdm when installed (never a new dependency), else one printed line per stage."""
+    """tqdm when installed (never a new dependency), else one printed line per stage; ``on_stage(text)`` hears every
+    stage too (a notebook panel's status line)."""
 
-    def __init__(self, total: int, desc: str, enabled: bool) -> None:
-        self.bar, self.enabled, self.desc = None, enabled, desc
+    def __init__(self, total: int, desc: str, enabled: bool, on_stage: Callable[[str], None] | None = None) -> None:
+        self.bar, self.enabled, self.desc, self.on_stage = None, enabled, desc, on_stage
         if enabled:
             try:
                 from tqdm.auto import tqdm
@@ -63,6 +65,8 @@ class _Progress:
                 pass
 
     def stage(self, name: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(f"{self.desc}: {name}")
         if self.bar is not None:
             self.bar.set_postfix_str(name)
         elif self.enabled:

@@ -11,22 +11,13 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from labkit.rules.geometry import workload
-from labkit.ui.figures import PALETTE
+from labkit.ui.figure_style import PALETTE, hline, hline_spec, plain_figure, set_layout
 
 TOKENS = "real tokens"
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 360) -> go.Figure:
-    fig.update_layout(
-        title=title,
-        xaxis_title=x,
-        yaxis_title=y,
-        template="plotly_white",
-        height=height,
-        margin=dict(l=60, r=20, t=50, b=50),
-        legend_title_text="",
-    )
-    return fig
+    return set_layout(fig, title, x, y, height)
 
 
 def _ratio(values: Sequence[float]) -> str:
@@ -35,7 +26,7 @@ def _ratio(values: Sequence[float]) -> str:
 
 def _budget_line(fig: go.Figure, budget: int | None) -> None:
     if budget is not None:
-        fig.add_hline(y=budget, line_dash="dash", line_color="#444", annotation_text=f"budget {budget} tokens")
+        hline(fig, budget, f"budget {budget} tokens")
 
 
 def bucket_bars(
@@ -61,50 +52,38 @@ def bucket_bars(
 
 def counts_per_rank(counts: Mapping[str, Sequence[int]], title: str = "micro-batches per DP rank") -> go.Figure:
     """Micro-batch count per DP rank for several cases (e.g. each rank alone vs after the DP MAX all-reduce)."""
-    fig = go.Figure()
-    for i, (name, values) in enumerate(counts.items()):
-        fig.add_trace(
-            go.Bar(
-                x=[f"dp {r}" for r in range(len(values))],
-                y=list(values),
-                text=list(values),
-                textposition="auto",
-                name=name,
-                marker_color=PALETTE[(i + 3) % len(PALETTE)],
-            )
-        )
-    fig.update_layout(barmode="group")
-    return _layout(fig, title, "DP rank", "micro-batches (forward passes)")
+    bars = [
+        {
+            "type": "bar",
+            "x": [f"dp {r}" for r in range(len(values))],
+            "y": list(values),
+            "text": [str(v) for v in values],
+            "textposition": "auto",
+            "name": name,
+            "marker": {"color": PALETTE[(i + 3) % len(PALETTE)]},
+        }
+        for i, (name, values) in enumerate(counts.items())
+    ]
+    return plain_figure(bars, title, "DP rank", "micro-batches (forward passes)", barmode="group")
 
 
 def stacked_micro(
     per_rank_tokens: Sequence[Sequence[int]], budget: int | None = None, title: str = "micro-batches per DP rank"
 ) -> go.Figure:
     """One stacked bar per DP rank, one segment per micro-batch, from plain token lists (budget as a dashed line)."""
-    fig = go.Figure()
     depth = max((len(t) for t in per_rank_tokens), default=0)
+    xs = [f"dp {r}" for r in range(len(per_rank_tokens))]
+    bars = []
     for i in range(depth):
         ys = [t[i] if i < len(t) else 0 for t in per_rank_tokens]
-        fig.add_trace(
-            go.Bar(
-                x=[f"dp {r}" for r in range(len(per_rank_tokens))],
-                y=ys,
-                name=f"micro {i}",
-                marker_color=PALETTE[i % len(PALETTE)],
-                hovertext=[f"micro {i}: {y} tokens" + (" > budget" if budget and y > budget else "") for y in ys],
-            )
+        hover = [f"micro {i}: {y} tokens" + (" > budget" if budget and y > budget else "") for y in ys]
+        bars.append(
+            {"type": "bar", "x": xs, "y": ys, "name": f"micro {i}", "marker": {"color": PALETTE[i % len(PALETTE)]}}
+            | {"hovertext": hover}
         )
-    fig.update_layout(barmode="stack")
-    if budget is not None:
-        fig.add_annotation(
-            text=f"each segment should stay below {budget} tokens",
-            xref="paper",
-            yref="paper",
-            x=1,
-            y=1.08,
-            showarrow=False,
-        )
-    return _layout(fig, title, "DP rank", TOKENS)
+    note = f"each segment should stay below {budget} tokens"
+    notes = [dict(text=note, xref="paper", yref="paper", x=1, y=1.08, showarrow=False)] if budget is not None else []
+    return plain_figure(bars, title, "DP rank", TOKENS, barmode="stack", annotations=notes)
 
 
 def micro_vs_budget(
@@ -117,19 +96,18 @@ def micro_vs_budget(
             xs.append(f"dp {r}")
             ys.append(t)
             colors.append(PALETTE[3] if t > budget else PALETTE[0])
-    fig = go.Figure(
-        go.Scatter(
-            x=xs,
-            y=ys,
-            mode="markers",
-            marker=dict(size=11, color=colors),
-            name="micro-batch",
-            hovertext=[f"{y} tokens" for y in ys],
-        )
-    )
-    _budget_line(fig, budget)
+    points = {
+        "type": "scatter",
+        "x": xs,
+        "y": ys,
+        "mode": "markers",
+        "marker": {"size": 11, "color": colors},
+        "name": "micro-batch",
+        "hovertext": [f"{y} tokens" for y in ys],
+    }
     over = sum(y > budget for y in ys)
-    return _layout(fig, f"{title}: {over} of {len(ys)} above the budget", "DP rank", TOKENS)
+    line = hline_spec(budget, f"budget {budget} tokens")
+    return plain_figure([points], f"{title}: {over} of {len(ys)} above the budget", "DP rank", TOKENS, **line)
 
 
 def sp_split(
@@ -158,31 +136,29 @@ def sp_split(
 
 def rank_rows(lengths: Sequence[int], title: str = "rows of one DP rank, in the order it receives them") -> go.Figure:
     """Row lengths of one rank in dispatch order (``_balance_batch`` puts them small … large … small)."""
-    fig = go.Figure(
-        go.Bar(
-            x=list(range(len(lengths))),
-            y=list(lengths),
-            marker_color=PALETTE[4],
-            hovertext=[f"row {i}: {x} tokens, workload {workload(x):,}" for i, x in enumerate(lengths)],
-        )
-    )
-    return _layout(fig, title, "row position on the rank", TOKENS)
+    bar = {
+        "type": "bar",
+        "x": list(range(len(lengths))),
+        "y": list(lengths),
+        "marker": {"color": PALETTE[4]},
+        "hovertext": [f"row {i}: {x} tokens, workload {workload(x):,}" for i, x in enumerate(lengths)],
+    }
+    return plain_figure([bar], title, "row position on the rank", TOKENS)
 
 
 def metrics_bars(metrics: Mapping[str, float], title: str = "what verl logs after _balance_batch") -> go.Figure:
     """The ``global_seqlen/*`` metrics under their exact names (token sums; minmax_diff is the pre-balance spread)."""
     names = list(metrics)
     colors = [PALETTE[2] if "balanced" in k else PALETTE[0] if k.endswith("mean") else PALETTE[3] for k in names]
-    fig = go.Figure(
-        go.Bar(
-            x=names,
-            y=[metrics[k] for k in names],
-            marker_color=colors,
-            text=[f"{metrics[k]:,.0f}" for k in names],
-            textposition="auto",
-        )
-    )
-    return _layout(fig, title, "metric name (as logged)", "tokens per DP rank")
+    bar = {
+        "type": "bar",
+        "x": names,
+        "y": [metrics[k] for k in names],
+        "marker": {"color": colors},
+        "text": [f"{metrics[k]:,.0f}" for k in names],
+        "textposition": "auto",
+    }
+    return plain_figure([bar], title, "metric name (as logged)", "tokens per DP rank")
 
 
 def rank_totals(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from labkit.trace import StepTrace
+from labkit.ui.figure_style import PALETTE, hline_spec, plain_figure, set_layout
 
 UNITS = {
     "rows": "rows (samples)",
@@ -15,7 +16,6 @@ UNITS = {
     "workload": "KK workload (24576·L + L²)",
     "n_micro": "micro-batches",
 }
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
 
 
 def _value(rec, metric: str):
@@ -23,63 +23,58 @@ def _value(rec, metric: str):
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
-    fig.update_layout(
-        title=title,
-        xaxis_title=x,
-        yaxis_title=y,
-        template="plotly_white",
-        margin=dict(l=60, r=20, t=50, b=50),
-        height=360,
-        legend_title_text="",
-    )
-    return fig
+    return set_layout(fig, title, x, y)
 
 
 def pipeline_funnel(trace: StepTrace) -> go.Figure:
     """Global rows at each stage, with the per-rank share as hover text."""
     stages = trace.stages
-    fig = go.Figure(
-        go.Bar(
-            x=[s.name for s in stages],
-            y=[s.global_rows for s in stages],
-            text=[f"{s.global_rows} {s.unit}" for s in stages],
-            textposition="outside",
-            hovertext=[f"{s.title}<br>{s.formula}<br>per rank: {s.per_rank_rows}" for s in stages],
-            marker_color=PALETTE[0],
-        )
-    )
-    return _layout(fig, f"One training step ({trace.profile} profile, {trace.source})", "stage", "global rows")
+    bar = {
+        "type": "bar",
+        "x": [s.name for s in stages],
+        "y": [s.global_rows for s in stages],
+        "text": [f"{s.global_rows} {s.unit}" for s in stages],
+        "textposition": "outside",
+        "hovertext": [f"{s.title}<br>{s.formula}<br>per rank: {s.per_rank_rows}" for s in stages],
+        "marker": {"color": PALETTE[0]},
+    }
+    return plain_figure([bar], f"One training step ({trace.profile} profile, {trace.source})", "stage", "global rows")
 
 
 def rank_bars(trace: StepTrace, stage: str, metric: str = "rows") -> go.Figure:
     """One bar per rank for one stage (rows, tokens, padded tokens, workload or micro-batch count)."""
     recs = trace.at(stage)
-    fig = go.Figure(
-        go.Bar(
-            x=[f"rank {r.rank}" for r in recs],
-            y=[_value(r, metric) for r in recs],
-            marker_color=PALETTE[1],
-            text=[_value(r, metric) for r in recs],
-            textposition="auto",
-        )
-    )
-    return _layout(fig, f"{stage}: {UNITS.get(metric, metric)} per rank", "global rank", UNITS.get(metric, metric))
+    values = [_value(r, metric) for r in recs]
+    bar = {
+        "type": "bar",
+        "x": [f"rank {r.rank}" for r in recs],
+        "y": values,
+        "marker": {"color": PALETTE[1]},
+        "text": [str(v) for v in values],
+        "textposition": "auto",
+    }
+    unit = UNITS.get(metric, metric)
+    return plain_figure([bar], f"{stage}: {unit} per rank", "global rank", unit)
 
 
 def micro_batch_stack(trace: StepTrace, stage: str, metric: str = "tokens", budget: int | None = None) -> go.Figure:
     """Stacked micro-batches per rank (tokens or rows), with the token budget as a dashed line."""
     recs = trace.at(stage)
-    fig = go.Figure()
     depth = max((r.n_micro for r in recs), default=0)
-    for i in range(depth):
-        ys = [getattr(r.micro_batches[i], metric) if i < r.n_micro else 0 for r in recs]
-        fig.add_trace(
-            go.Bar(x=[f"rank {r.rank}" for r in recs], y=ys, name=f"micro {i}", marker_color=PALETTE[i % len(PALETTE)])
-        )
-    fig.update_layout(barmode="stack")
-    if budget is not None:
-        fig.add_hline(y=budget, line_dash="dash", annotation_text=f"budget {budget} tokens")
-    return _layout(fig, f"{stage}: micro-batches per rank", "global rank", UNITS.get(metric, metric))
+    xs = [f"rank {r.rank}" for r in recs]
+    bars = [
+        {
+            "type": "bar",
+            "x": xs,
+            "y": [getattr(r.micro_batches[i], metric) if i < r.n_micro else 0 for r in recs],
+            "name": f"micro {i}",
+            "marker": {"color": PALETTE[i % len(PALETTE)]},
+        }
+        for i in range(depth)
+    ]
+    line = hline_spec(budget, f"budget {budget} tokens", color=None) if budget is not None else {}
+    title, unit = f"{stage}: micro-batches per rank", UNITS.get(metric, metric)
+    return plain_figure(bars, title, "global rank", unit, barmode="stack", **line)
 
 
 def compare_bars(predicted: StepTrace, observed: StepTrace, stage: str, metric: str = "rows") -> go.Figure:
@@ -100,19 +95,19 @@ def compare_bars(predicted: StepTrace, observed: StepTrace, stage: str, metric: 
 
 def before_after(before: Sequence[float], after: Sequence[float], what: str = "tokens") -> go.Figure:
     """Per-DP-rank totals before and after a rebalancing (e.g. _balance_batch), with max/min in the legend."""
-    fig = go.Figure()
+    bars = []
     for ys, name, color in ((before, "before", PALETTE[3]), (after, "after", PALETTE[2])):
         spread = max(ys) / max(min(ys), 1) if len(ys) else 0.0
-        fig.add_trace(
-            go.Bar(
-                x=[f"dp {i}" for i in range(len(ys))],
-                y=list(ys),
-                name=f"{name} (max/min {spread:.3f})",
-                marker_color=color,
-            )
+        bars.append(
+            {
+                "type": "bar",
+                "x": [f"dp {i}" for i in range(len(ys))],
+                "y": list(ys),
+                "name": f"{name} (max/min {spread:.3f})",
+                "marker": {"color": color},
+            }
         )
-    fig.update_layout(barmode="group")
-    return _layout(fig, f"{what} per DP rank, before vs after", "DP rank", what)
+    return plain_figure(bars, f"{what} per DP rank, before vs after", "DP rank", what, barmode="group")
 
 
 def mesh_grid(groups: Sequence[Sequence[int]], title: str = "rollout TP groups", label: str = "TP group") -> go.Figure:

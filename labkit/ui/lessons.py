@@ -16,6 +16,8 @@ from labkit.balance.balance_batch import balance_batch, calculate_workload
 from labkit.balance.lockstep import free_partitions
 from labkit.balance.micro_batches import plan_dp_micro_batches, rank_plan_steps
 from labkit.config.keys import ARR
+from labkit.rules.catalogue import message
+from labkit.rules.geometry import ceil_div
 
 
 def overrides(
@@ -84,7 +86,18 @@ def dp_lengths(lengths: Sequence[int], dp_size: int, balance: bool = True) -> li
 def micro_counts(
     per_rank: Sequence[Sequence[int]], budget: int, profile: str = "legacy", sync: bool = True
 ) -> list[int]:
-    """Dynamic micro-batches per DP rank with the MAX all-reduce (``sync``) or with each rank on its own."""
+    """Dynamic micro-batches per DP rank with the MAX all-reduce (``sync``) or with each rank on its own.
+
+    Legacy verl only counts: k = min(rows, ceil(tokens / budget)), then the MAX (its KK never changes k), so the
+    count needs no partitioning; the engine adds micro-batches until every one fits, which only KK can tell."""
+    if profile == "legacy":
+        for rank in per_rank:  # the checks verl runs before it counts (E31), as plan_dp_micro_batches raises them
+            assert budget >= max(rank), message("E31", budget=budget, longest=repr(max(rank)))
+        counts = [min(len(rank), ceil_div(sum(rank), budget)) for rank in per_rank]
+        if sync:
+            counts = [max(counts)] * len(counts)
+            assert all(k <= len(rank) for k, rank in zip(counts, per_rank))  # E32, a bare assert in verl
+        return counts
     plans = plan_dp_micro_batches(per_rank, budget, profile=profile, dp_group=sync)
     return [p.num_micro_batches for p in plans]
 

@@ -16,13 +16,17 @@ from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace
 
 GiB = 2**30
-SLIDERS = [  # (override key, label, min, max, step)
-    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU", 1, 64, 1),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "update micro/GPU", 1, 64, 1),
-    ("data.max_response_length", "response length", 512, 32768, 512),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "Ulysses SP", 1, 8, 1),
-    ("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization", 0.1, 0.95, 0.05),
+SIZES = [  # (override key, label): number boxes, any value
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "update micro/GPU"),
+    ("data.max_prompt_length", "prompt length"),
+    ("data.max_response_length", "response length"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "Ulysses SP"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout TP"),
+    ("trainer.n_gpus_per_node", "GPUs per node"),
+    ("trainer.nnodes", "nodes"),
 ]
+UTILISATION = ("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization")
 TOGGLES = [
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
     "actor_rollout_ref.actor.fsdp_config.param_offload",
@@ -84,17 +88,20 @@ def report_for(overrides: Sequence[str], model: str, gpu_name: str, profile: str
 
 
 def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> Any:
-    """Sliders, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic only).
-    Returns the displayed box (presets, sliders, toggles, output)."""
+    """Number boxes, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic
+    only); a config labkit cannot read shows its card instead of the figure. Returns the displayed box."""
     import ipywidgets as W
-    from IPython.display import display
+    from IPython.display import HTML, display
+
+    from labkit.ui import panel_parts as parts
+    from labkit.ui.verdict import verdict_html
 
     cfg = load_config(None, list(base), profile=profile)
-    sliders = {}
-    for key, label, lo, hi, step in SLIDERS:
-        cls = W.FloatSlider if isinstance(step, float) else W.IntSlider
-        value = cfg.get(key) or lo
-        sliders[key] = cls(value=value, min=lo, max=hi, step=step, description=label, continuous_update=False)
+    boxes = {key: parts.int_box(label, cfg.get(key) or 1, key) for key, label in SIZES}
+    key, label = UTILISATION
+    boxes[key] = W.FloatSlider(
+        value=cfg.get(key), min=0.05, max=0.95, step=0.05, description=label, continuous_update=False, style=parts.STYLE
+    )
     toggles = {k: W.Checkbox(value=bool(cfg.get(k)), description=k.rsplit(".", 1)[-1]) for k in TOGGLES}
     pick_model = W.Dropdown(options=model_names(), value=model, description="model")
     pick_gpu = W.Dropdown(options=gpu_names(), value=gpu_name, description="GPU")
@@ -103,22 +110,33 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
     def redraw(_: Any = None) -> None:
         over = [
             *base,
-            *(f"{k}={w.value}" for k, w in sliders.items()),
+            *(f"{k}={w.value}" for k, w in boxes.items()),
             *(f"{k}={str(w.value).lower()}" for k, w in toggles.items()),
         ]
-        with out:
+        try:
+            rep = report_for(over, pick_model.value, pick_gpu.value, profile)
+        except ConfigError as exc:
             out.clear_output(wait=True)
-            try:
-                rep = report_for(over, pick_model.value, pick_gpu.value, profile)
-            except ConfigError as exc:
-                print(exc)
-                return
+            with out:
+                display(HTML(verdict_html(exc)))
+            return
+        out.clear_output(wait=True)
+        with out:
             phase_stack(rep).show()
             print(render_text(rep))
 
-    for w in [*sliders.values(), *toggles.values(), pick_model, pick_gpu]:
+    for w in [*boxes.values(), *toggles.values(), pick_model, pick_gpu]:
         w.observe(redraw, names="value")
     redraw()
-    box = W.VBox([W.HBox([pick_model, pick_gpu]), *sliders.values(), W.HBox(list(toggles.values())), out])
+    sizes = list(boxes.values())
+    half = (len(sizes) + 1) // 2
+    box = W.VBox(
+        [
+            W.HBox([pick_model, pick_gpu]),
+            W.HBox([parts.column(sizes[:half]), parts.column(sizes[half:])]),
+            W.HBox(list(toggles.values())),
+            out,
+        ]
+    )
     display(box)
     return box

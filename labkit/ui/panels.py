@@ -1,90 +1,101 @@
-"""ipywidgets panels: move a slider, the plan and verl's verdict recompute at once (pure arithmetic, no processes)."""
+"""Notebook 01's panel: type any config size, the plan and verl's verdict recompute at once (arithmetic only).
+
+Every change re-reads the config, runs ``labkit.validate.report.check`` (with its verified fixes) and
+``labkit.plan.step.plan``, and redraws the verdict card, the stage table and the figures; a config verl rejects clears the
+figures, so its card stands where they were.
+"""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.trace import StepTrace
-from labkit.ui.html_table import html_table
+from labkit.ui import panel_parts as parts
+from labkit.ui.figure_style import specs
+from labkit.ui.plan_tables import stage_table_html
 from labkit.ui.verdict import verdict_html
 
-__all__ = ["FOUR_LAYER_SLIDERS", "plan_panel", "stage_table_html", "verdict_html"]
+__all__ = ["FOUR_LAYER_KEYS", "plan_panel", "stage_table_html", "verdict_html"]
 
-# (override key, label, min, max, step)
-FOUR_LAYER_SLIDERS = [
-    ("data.train_batch_size", "B (prompts)", 1, 256, 1),
-    ("actor_rollout_ref.rollout.n", "rollout.n", 1, 32, 1),
-    ("trainer.n_gpus_per_node", "GPUs", 1, 16, 1),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout TP", 1, 8, 1),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "Ulysses SP", 1, 8, 1),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size", "mini (prompts)", 1, 256, 1),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "micro/GPU", 1, 64, 1),
-    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU", 1, 64, 1),
+ARR = "actor_rollout_ref"
+# (override key, label): every size of the four layers, with the world (nodes x GPUs) and the token budget
+FOUR_LAYER_KEYS = [
+    ("data.train_batch_size", "B (prompts)"),
+    (f"{ARR}.rollout.n", "rollout.n"),
+    ("trainer.n_gpus_per_node", "GPUs per node"),
+    ("trainer.nnodes", "nodes"),
+    (f"{ARR}.rollout.tensor_model_parallel_size", "rollout TP"),
+    (f"{ARR}.actor.ulysses_sequence_parallel_size", "Ulysses SP"),
+    (f"{ARR}.actor.ppo_mini_batch_size", "mini (prompts)"),
+    (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", "micro / GPU (rows)"),
+    (f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro / GPU"),
+    (f"{ARR}.actor.ppo_max_token_len_per_gpu", "token budget / GPU"),
+    ("data.max_prompt_length", "prompt length"),
+    ("data.max_response_length", "response length"),
 ]
-
-
-def stage_table_html(trace: StepTrace) -> str:
-    """The pipeline-at-a-glance table as HTML: stage, global rows, per-rank rows, rule."""
-    rows = [
-        {
-            "stage": s.name,
-            "global": f"{s.global_rows} {s.unit}",
-            "per rank": s.per_rank_rows,
-            "rule": s.formula,
-        }
-        for s in trace.stages
-    ]
-    return html_table(rows)
+DYNAMIC = f"{ARR}.actor.use_dynamic_bsz"  # the log-prob passes follow it unless set on their own
 
 
 def plan_panel(
     base_overrides: Sequence[str],
-    sliders: Sequence[tuple] = FOUR_LAYER_SLIDERS,
+    keys: Sequence[tuple[str, str]] = FOUR_LAYER_KEYS,
     profile: str = "legacy",
     figures: Callable[[StepTrace], list] | None = None,
+    loop: str = "v1",
 ) -> W.VBox:
-    """Sliders over config keys; every change re-runs ``check`` and ``plan`` and redraws table, verdict, figures."""
+    """Number boxes over config keys, dynamic batch size, profile, trainer loop and free overrides; every change
+    re-runs ``check`` and ``plan`` and redraws the verdict, the stage table and ``figures(trace)``."""
     from labkit.plan.step import plan
     from labkit.validate.report import check
 
     base = load_config(overrides=base_overrides, profile=profile)
-    controls = {}
-    for key, label, lo, hi, step in sliders:
-        controls[key] = W.IntSlider(
-            value=int(base.get(key) or lo),
-            min=lo,
-            max=hi,
-            step=step,
-            description=label,
-            continuous_update=False,
-            style={"description_width": "140px"},
-            layout=W.Layout(width="420px"),
-        )
-    prof = W.ToggleButtons(options=["legacy", "engine"], value=profile, description="profile")
-    table, verdict, plots = W.HTML(), W.HTML(), W.Output()
+    boxes = {key: parts.int_box(label, base.get(key) or 1, key) for key, label in keys}
+    dynamic = W.Checkbox(value=bool(base.get(DYNAMIC)), description="use_dynamic_bsz (token budget)", indent=False)
+    prof = parts.profile_toggle(profile)
+    loops = parts.loop_toggle(loop, profile)
+    extra = parts.extra_box()
+    verdict, table, area = W.HTML(), W.HTML(), parts.FigureArea()
 
-    def redraw(_=None) -> None:
-        overrides = list(base_overrides) + [f"{k}={c.value}" for k, c in controls.items()]
+    def redraw(_: object = None) -> None:
+        loops.disabled = prof.value == "legacy"
+        overrides = [
+            *base_overrides,
+            *(f"{k}={box.value}" for k, box in boxes.items()),
+            f"{DYNAMIC}={str(dynamic.value).lower()}",
+            *parts.loop_overrides(prof.value, loops.value),
+            *extra.value.split(),
+        ]
         try:
             cfg = load_config(overrides=overrides, profile=prof.value)
-        except ConfigError as exc:
-            verdict.value = f"<pre>{html.escape(str(exc))}</pre>"
+            report = check(cfg)
+            trace = plan(cfg)
+        except ConfigError as exc:  # PlanTooLarge included: the card says why, with the arithmetic
+            verdict.value, table.value = verdict_html(exc), ""
+            area.clear()
             return
-        report = check(cfg)
-        trace = plan(cfg)
         verdict.value = verdict_html(report)
         table.value = stage_table_html(trace)
-        if figures is not None:
-            with plots:
-                plots.clear_output(wait=True)
-                for fig in figures(trace):
-                    fig.show()
+        if not report.ok:
+            area.clear()  # the card above replaces the figures: no figure of an earlier setting stays
+        elif figures is not None:
+            with specs():
+                area.figures(figures(trace))
 
-    for c in list(controls.values()) + [prof]:
-        c.observe(redraw, names="value")
+    for w in [*boxes.values(), dynamic, prof, loops, extra]:
+        w.observe(redraw, names="value")
     redraw()
-    return W.VBox([prof, W.HBox([W.VBox(list(controls.values())), verdict]), table, plots])
+    half = (len(boxes) + 1) // 2
+    values = list(boxes.values())
+    controls = W.VBox(
+        [
+            W.HBox([prof, loops]),
+            W.HBox([parts.column(values[:half]), parts.column(values[half:] + [dynamic])]),
+            extra,
+        ]
+    )
+    panel = W.VBox([controls, verdict, table, area.out])
+    panel.figure_area = area  # tests read what the last draw showed
+    return panel

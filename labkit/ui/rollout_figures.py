@@ -130,18 +130,21 @@ def side_by_side(pred: StepTrace, obs: StepTrace, out: DataProto, stage: str = "
 
 def rollout_panel(base_overrides: Sequence[str] = (), launcher: str = "auto"):
     """Widgets for n, rollout TP and the dispatch variant; the button starts a live group (W ranks), runs one
-    rollout, closes the group and shows the figures next to the prediction."""
+    rollout, closes the group and shows the figures next to the prediction. A status line says which stage runs and
+    ends with the time taken or the error; the progress bar names the stages."""
     import ipywidgets as W
     from IPython.display import display
 
-    n = W.IntSlider(value=4, min=1, max=8, description="rollout.n")
+    from labkit.ui.live_status import LiveStatus
+
+    n = W.IntText(value=4, description="rollout.n", layout=W.Layout(width="180px"))
     tp = W.Dropdown(options=[1, 2], value=1, description="rollout TP")
     disp = W.Dropdown(options=["mesh", "all_gather"], value="mesh", description="dispatch")
-    button, out = W.Button(description="run live rollout", button_style="primary"), W.Output()
+    button, out, status = W.Button(description="run live rollout", button_style="primary"), W.Output(), LiveStatus()
 
     def on_click(_):
         out.clear_output()
-        with out:
+        with out, status.run("reading the config", button):
             cfg = rollout_config(
                 [
                     *base_overrides,
@@ -149,21 +152,21 @@ def rollout_panel(base_overrides: Sequence[str] = (), launcher: str = "auto"):
                     f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp.value}",
                 ]
             )
-            print("starting the worker group and generating …")
-            with LiveRollout(cfg, launcher=launcher) as live:
+            with LiveRollout(cfg, launcher=launcher, on_stage=status.stage) as live:
                 batch = live.batch(seed=0)
                 pred = live.predict(batch, disp.value)
                 result, trace = live.run(batch, dispatch=disp.value)
+                status.stage("closing the group")
                 left = live.close()["left_pids"]
-            print(
+            for fig in (side_by_side(pred, trace, result), rows_per_rank(trace), response_lengths(result, trace)):
+                display(fig)
+            status.done(
                 f"group up {live.timings['group_up_s']:.1f} s, generate {trace.summary['generate_s']:.1f} s, "
                 f"rank processes left: {left}"
             )
-            for fig in (side_by_side(pred, trace, result), rows_per_rank(trace), response_lengths(result, trace)):
-                display(fig)
 
     button.on_click(on_click)
-    return W.VBox([W.HBox([n, tp, disp, button]), out])
+    return W.VBox([W.HBox([n, tp, disp, button]), status.widget, out])
 
 
 def params_per_rank(info: Sequence[dict]) -> go.Figure:

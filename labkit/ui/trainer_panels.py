@@ -6,7 +6,6 @@ A widget never starts processes until its button is pressed (live runs only when
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from labkit.config.verl_config import VerlConfig
 from labkit.trace import StepTrace
 from labkit.trainer.grpo_trainer import trainer_config
 from labkit.ui import figures, lessons
+from labkit.ui.html_table import html_table
 
 RANK_STAGES = ("generate", "balance", "old_log_prob", "ref_log_prob", "update_actor")
 
@@ -99,46 +99,43 @@ def reward_curve(history: Sequence[dict], title: str = "mean rule reward per GRP
 
 def timing_table_html(metrics: dict[str, Any]) -> str:
     """verl's timing_s/* of one step as an HTML table."""
-    rows = "".join(
-        f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{v:.3f}</td></tr>"
-        for k, v in metrics.items()
-        if k.startswith("timing_s/")
-    )
-    return f"<table><tr><th>metric</th><th>seconds</th></tr>{rows}</table>"
+    rows = [(k, round(float(v), 3)) for k, v in metrics.items() if k.startswith("timing_s/")]
+    return html_table(rows, ["metric", "seconds"])
 
 
 def live_step_panel(launcher: str = "auto", lr: float = 1e-3) -> Any:
-    """Sliders for n, TP, SP, dynamic bsz and budget; the button starts a group, runs one step, shows the figures and
-    prediction-vs-observation, and closes the group."""
+    """Knobs for n, TP, SP, dynamic bsz and budget; the button starts a group, runs one step, shows the figures and
+    prediction-vs-observation, and closes the group. A status line names the stage running (start-up included, the
+    seconds the ranks take to start) and ends with the time taken or the error."""
     import ipywidgets as W
     from IPython.display import display
 
     from labkit.trainer.grpo_trainer import GRPOTrainer
+    from labkit.ui.live_status import LiveStatus
 
     knobs = {
-        "n": W.IntSlider(value=4, min=1, max=8, description="rollout.n"),
+        "n": W.IntText(value=4, description="rollout.n", layout=W.Layout(width="180px")),
         "tp": W.Dropdown(options=[1, 2, 4], value=1, description="rollout TP"),
         "sp": W.Dropdown(options=[1, 2, 4], value=1, description="Ulysses SP"),
         "dynamic": W.Checkbox(value=False, description="use_dynamic_bsz"),
-        "budget": W.IntSlider(value=64, min=32, max=512, step=8, description="token budget"),
+        "budget": W.IntText(value=64, description="token budget", layout=W.Layout(width="200px")),
     }
-    button, out = W.Button(description="run one live GRPO step"), W.Output()
+    button, out, status = W.Button(description="run one live GRPO step"), W.Output(), LiveStatus()
 
     def run(_: Any) -> None:
-        with out:
-            out.clear_output()
-            try:
-                cfg = step_config(**{k: w.value for k, w in knobs.items()})
-                with GRPOTrainer(cfg, launcher=launcher, lr=lr) as tr:
-                    metrics = tr.step()
-                    pred = tr.prediction()
-                    print("prediction == observation:", tr.mismatches() == [] or tr.mismatches())
-                display(W.HTML(timing_table_html(metrics)))
-                token_balance(tr.trace).show()
-                for stage in ("balance", "old_log_prob", "update_actor"):
-                    figures.compare_bars(pred, tr.trace, stage, "tokens").show()
-            except Exception as exc:  # noqa: BLE001 - show verl's error text in the panel
-                print(f"{type(exc).__name__}: {exc}")
+        out.clear_output()
+        with out, status.run("reading the config", button):
+            cfg = step_config(**{k: w.value for k, w in knobs.items()})
+            with GRPOTrainer(cfg, launcher=launcher, lr=lr, on_stage=status.stage) as tr:
+                metrics = tr.step()
+                pred = tr.prediction()
+                mismatches = tr.mismatches()
+                status.stage("closing the group")
+            display(W.HTML(timing_table_html(metrics)))
+            token_balance(tr.trace).show()
+            for stage in ("balance", "old_log_prob", "update_actor"):
+                figures.compare_bars(pred, tr.trace, stage, "tokens").show()
+            status.done("prediction == observation" if not mismatches else f"{len(mismatches)} mismatches")
 
     button.on_click(run)
-    return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:] + [button]), out])
+    return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:] + [button]), status.widget, out])

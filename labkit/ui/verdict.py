@@ -51,6 +51,7 @@ class Verdict:
     fixes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     others: list[tuple[str, str, str]] = field(default_factory=list)  # (severity, code, explanation) shown below
+    expected: bool = False  # shown by expect_verl_error: the notebook demonstrates this error on purpose
 
     @property
     def ok(self) -> bool:
@@ -158,8 +159,9 @@ def verdict_html(item: Any) -> str:
     esc = html.escape
     colour = _COLOURS.get(v.kind, "#c33")
     tag = v.code or ("ok" if v.ok else "none")
+    expected = " data-verl-expected='true'" if v.expected else ""
     out = [
-        f"<div class='labkit-verdict' data-verl-code='{esc(tag)}' style='border-left:4px solid {colour};"
+        f"<div class='labkit-verdict' data-verl-code='{esc(tag)}'{expected} style='border-left:4px solid {colour};"
         "padding:4px 10px;margin:4px 0;font-size:13px;line-height:1.4'>"
     ]
     if v.ok:
@@ -168,7 +170,8 @@ def verdict_html(item: Any) -> str:
         code = f"<a href='{DOCS}#{v.code.lower()}'>{esc(v.code)}</a> · " if v.code else ""
         kind = v.exc_type or v.kind
         when = f" at <i>{esc(v.when)}</i>" if v.when else ""
-        out.append(f"<b style='color:{colour}'>{code}{esc(kind)}</b>{when}")
+        shown_as = "<span style='color:#888'>as expected, verl raises </span>" if v.expected else ""
+        out.append(f"{shown_as}<b style='color:{colour}'>{code}{esc(kind)}</b>{when}")
         if v.title:
             out.append(f" · {esc(v.title)}")
         shown = v.message if v.message else "(a bare assert: verl prints no message)"
@@ -195,7 +198,7 @@ def verdict_text(item: Any) -> str:
     if v.ok:
         lines = [f"OK: {v.title}"]
     else:
-        head = " ".join(x for x in (v.code, v.exc_type or v.kind) if x)
+        head = ("expected: " if v.expected else "") + " ".join(x for x in (v.code, v.exc_type or v.kind) if x)
         lines = [head + (f" at {v.when}" if v.when else "") + (f": {v.title}" if v.title else "")]
         source = "labkit:" if v.kind == "input" else "verl: "
         lines.append(f"  {source} {v.message or '(a bare assert: verl prints no message)'}")
@@ -262,6 +265,7 @@ class ExpectedError:
             raise AssertionError(f"expected {want}, got {got}{type(exc).__name__}: {exc}") from exc
         if self._fix and not v.fixes:
             v.fixes = [self._fix]
+        v.expected = True
         self.error, self.verdict = exc, v
         self.finding = getattr(exc, "finding", None) or Finding(
             v.code or "", v.exc_type, v.message, v.when, v.where, list(v.arithmetic), v.why, list(v.fixes)

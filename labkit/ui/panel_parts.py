@@ -1,0 +1,99 @@
+"""What every arithmetic panel is built from: number boxes without caps, the profile and loop toggles, and a figure
+area that shows either the current figures or verl's verdict card, never the figures of an earlier setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import ipywidgets as W
+
+STYLE = {"description_width": "150px"}
+LOOPS = ("v1", "v0")  # verl 0.9.1's trainer loops (engine profile only): trainer.use_v1=true / false
+
+
+def int_box(label: str, value: int, tip: str = "") -> W.IntText:
+    """A number box for a config size: any integer (a real config has thousands of prompts, hundreds of GPUs); a
+    value verl or labkit rejects shows its verdict instead of the figures."""
+    return W.IntText(
+        value=int(value),
+        description=label,
+        tooltip=tip or None,
+        continuous_update=False,
+        style=STYLE,
+        layout=W.Layout(width="260px"),
+    )
+
+
+def profile_toggle(profile: str) -> W.ToggleButtons:
+    return W.ToggleButtons(
+        options=["legacy", "engine"],
+        value=profile,
+        description="verl profile",
+        tooltips=["verl <= 0.8 workers (fsdp_workers.py, dp_actor.py)", "verl 0.9.1 engine workers"],
+        style={"description_width": "90px", "button_width": "80px"},
+    )
+
+
+def loop_toggle(loop: str, profile: str) -> W.ToggleButtons:
+    """v1 (0.9.1's default PPOTrainer) or v0 (RayPPOTrainer); legacy has only RayPPOTrainer, so it is disabled."""
+    return W.ToggleButtons(
+        options=list(LOOPS),
+        value=loop,
+        description="trainer loop",
+        disabled=profile == "legacy",
+        tooltips=["trainer.use_v1=true (0.9.1 default)", "trainer.use_v1=false (RayPPOTrainer)"],
+        style={"description_width": "90px", "button_width": "60px"},
+    )
+
+
+def loop_overrides(profile: str, loop: str) -> list[str]:
+    """The override that picks the trainer loop (none for legacy, whose loop is RayPPOTrainer)."""
+    return [] if profile == "legacy" else [f"trainer.use_v1={'true' if loop == 'v1' else 'false'}"]
+
+
+def extra_box(value: str = "") -> W.Text:
+    """Any further overrides, ``key=value`` separated by spaces (nodes, critic, SP, a budget ...)."""
+    return W.Text(
+        value=value,
+        description="more overrides",
+        placeholder="key=value key=value …",
+        continuous_update=False,
+        style=STYLE,
+        layout=W.Layout(width="520px"),
+    )
+
+
+class FigureArea:
+    """An Output that is cleared on every draw: the figures of this setting, or the verdict card that replaces them."""
+
+    def __init__(self) -> None:
+        self.out = W.Output()
+        self.showing: str = "nothing"  # "figures", "verdict" or "nothing": what the last draw left (tests read it)
+        self.last: list[Any] = []  # the figures of the last draw
+
+    def figures(self, figs: Iterable[Any]) -> None:
+        figs = list(figs)
+        self.out.clear_output(wait=bool(figs))  # wait: no flicker, the new figures replace the old at once
+        with self.out:
+            for fig in figs:
+                fig.show()
+        self.showing, self.last = "figures", figs
+
+    def clear(self) -> None:
+        """No figures: the verdict card above the area says why (the config fails)."""
+        self.out.clear_output()
+        self.showing, self.last = "nothing", []
+
+    def verdict(self, card_html: str) -> None:
+        from IPython.display import HTML, display
+
+        self.out.clear_output(wait=True)
+        with self.out:
+            display(HTML(card_html))
+        self.showing, self.last = "verdict", []
+
+
+def column(widgets: Sequence[W.Widget]) -> W.VBox:
+    return W.VBox(list(widgets))
