@@ -1,20 +1,19 @@
 """The start-here dashboard's parts, drawn from one ``dashboard_state.State``: the pipeline table, per-DP-rank bars,
 memory per phase with the OOM verdict, and the hang risks.
 
-Figures are plain plotly JSON dicts (``{"data", "layout"}``), shown through plotly's mime type: building a
-``go.Figure`` validates every property and copies its template, about 40 ms a figure, which an update cannot spend.
-``go.Figure(spec)`` turns one into a figure where a notebook wants one.
+Figures are plotly JSON specs (``labkit.ui.figure_style.plain_figure`` inside ``specs()``: no validation, no template
+copy), shown through plotly's mime type; the pipeline table is ``labkit plan``'s (``labkit.ui.plan_tables``).
 """
 
 from __future__ import annotations
 
 import html
-from functools import lru_cache
 from typing import Any
 
 from labkit.trace import StepTrace
-from labkit.ui.figures import PALETTE
+from labkit.ui.figure_style import PALETTE, FigureSpec, hline_spec, plain_figure, specs
 from labkit.ui.html_table import html_table
+from labkit.ui.plan_tables import stage_table_html
 
 GiB = 2**30
 COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#1F77B4", "#8C564B", "#17BECF", "#BCBD22"]  # one per memory term
@@ -27,23 +26,9 @@ METRICS = {  # RankRecord field -> axis title (with its unit)
 }
 
 
-@lru_cache(maxsize=1)
-def _template() -> dict:
-    import plotly.io as pio
-
-    return pio.templates["plotly_white"].to_plotly_json()
-
-
-def _layout(title: str, x: str, y: str, **more: Any) -> dict:
-    return {
-        "title": {"text": title},
-        "xaxis": {"title": {"text": x}},
-        "yaxis": {"title": {"text": y}},
-        "template": _template(),
-        "height": 340,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
-        **more,
-    }
+def _spec(data: list[dict], title: str, x: str, y: str, **layout: Any) -> FigureSpec:
+    with specs():
+        return plain_figure(data, title, x, y, height=340, **layout)
 
 
 def mime_bundle(spec: dict) -> dict:
@@ -52,39 +37,9 @@ def mime_bundle(spec: dict) -> dict:
     return {"output_type": "display_data", "data": {PLOTLY_MIME: spec, "text/plain": title}, "metadata": {}}
 
 
-def _span(values: list) -> str:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return "—"
-    lo, hi = min(vals), max(vals)
-    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
-
-
-def pipeline_rows(trace: StepTrace) -> list[dict]:
-    """One row per stage, as ``labkit plan`` prints it: global count, per rank, micro-batches and tokens, rule."""
-    rows = []
-    for i, s in enumerate(trace.stages, 1):
-        recs = trace.at(s.name)
-        unit = "rows" if s.unit == "samples" else s.unit
-        stop = s.note.startswith("verl stops")
-        rows.append(
-            {
-                "#": i,
-                "stage": s.name + (" ✖" if stop else ""),
-                "global": f"{s.global_rows:,} {s.unit}",
-                "per rank": "—" if s.per_rank_rows is None else f"{s.per_rank_rows:,} {unit}",
-                "micro-batches / rank": _span([r.n_micro for r in recs]) if any(r.micro_batches for r in recs) else "—",
-                "tokens / rank": _span([r.tokens for r in recs]) if recs else "—",
-                "rule": s.formula + (f"  [{s.note}]" if stop else ""),
-            }
-        )
-    return rows
-
-
 def pipeline_html(trace: StepTrace) -> str:
-    loop = trace.summary.get("loop")
-    label = f"{trace.profile} profile" + (f", {loop} loop" if loop in ("v0", "v1") else "")
-    return html_table(pipeline_rows(trace), caption=f"Pipeline of one training step ({label})")
+    """The stages at a glance, as ``labkit plan`` prints them (red where verl stops)."""
+    return stage_table_html(trace)
 
 
 def dp_records(trace: StepTrace) -> dict[str, dict[int, Any]]:
@@ -127,7 +82,7 @@ def rank_bars(trace: StepTrace, metric: str = "tokens") -> dict:
             }
         )
     title = f"Per DP rank and stage: {METRICS[metric].split(' per')[0]}{note}"
-    return {"data": data, "layout": _layout(title, "DP rank (dp_rank)", METRICS[metric], barmode="group")}
+    return _spec(data, title, "DP rank (dp_rank)", METRICS[metric], barmode="group")
 
 
 def memory_figure(rep: Any) -> dict:
@@ -146,13 +101,8 @@ def memory_figure(rep: Any) -> dict:
         for i, term in enumerate(terms)
     ]
     cap = rep.settings.gpu_bytes / GiB
-    line = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": cap, "y1": cap, "line": {"dash": "dash"}}
-    note = {"xref": "paper", "x": 1, "y": cap, "text": f"GPU {cap:.0f} GiB", "showarrow": False, "yanchor": "bottom"}
     title = f"Peak memory per phase, one GPU ({rep.settings.model.name}, worst case: every row at full width)"
-    return {
-        "data": data,
-        "layout": _layout(title, "phase", "GiB per GPU", barmode="stack", shapes=[line], annotations=[note]),
-    }
+    return _spec(data, title, "phase", "GiB per GPU", barmode="stack", **hline_spec(cap, f"GPU {cap:.0f} GiB"))
 
 
 def memory_html(rep: Any, note: str | None = None) -> str:
