@@ -16,7 +16,7 @@ from labkit.ui.html_table import html_table
 from labkit.ui.plan_tables import stage_table_html
 
 GiB = 2**30
-COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#1F77B4", "#8C564B", "#17BECF", "#BCBD22"]  # one per memory term
+COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#6F4E7C", "#3D3D3D", "#17BECF", "#BCBD22"]  # one per memory term
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 METRICS = {  # RankRecord field -> axis title (with its unit)
     "tokens": "real tokens per DP rank",
