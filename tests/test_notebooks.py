@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # the second parameter set of each notebook: another world size, profile or loop (and smaller live runs)
 SECOND: dict[str, dict] = {
+    "00_start_here": {"PROFILE": "legacy", "LENGTHS": "long-reasoning"},
     "01_four_layers": {"PROFILE": "engine"},  # verl 0.9.1, v1 loop
     "02_rollout_and_dispatch": {
         "W": 2,
@@ -48,7 +49,7 @@ SECOND: dict[str, dict] = {
     "10_loops_and_versions": {"LENGTHS": "long-reasoning", "SEED": 1},
 }
 # the notebooks whose second set the suite runs: pure arithmetic, no worker group to start again
-SECOND_IN_SUITE = {"01_four_layers", "03_micro_batches", "04_balance_batch", "10_loops_and_versions"}
+SECOND_IN_SUITE = {"00_start_here", "01_four_layers", "03_micro_batches", "04_balance_batch", "10_loops_and_versions"}
 # the verl errors each notebook demonstrates, in order
 PROMISED: dict[str, list[str]] = {
     "01_four_layers": ["E1", "E21", "E23"],

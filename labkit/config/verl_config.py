@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
-from labkit.config.yaml_input import YamlInputError, describe, load_yaml, read_config_text
+from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, load_yaml, read_config_text
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 _INTERP = re.compile(r"^\$\{(?:oc\.select:)?\s*([^,}]+?)\s*(?:,\s*([^}]*))?\}$")
@@ -269,24 +269,38 @@ class _Node:
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), profile: str = "engine") -> VerlConfig:
     """Load a verl-style YAML (optional) and apply Hydra-style overrides, for ``profile`` legacy|engine."""
+    if path is None:
+        return VerlConfig(profile=profile).override(overrides)
+    try:
+        text = read_config_text(path)
+    except YamlInputError as exc:
+        raise ConfigError(f"{path}: {exc}.") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return load_config_text(text, overrides, profile=profile, origin=str(path))
+
+
+def load_config_text(
+    text: str, overrides: Iterable[str] = (), profile: str = "engine", origin: str = "the pasted YAML"
+) -> VerlConfig:
+    """``load_config`` for a YAML document held in a string (a pasted config); ``origin`` prefixes every error."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise ConfigError(f"{origin}: labkit reads configs of at most {MAX_FILE_BYTES:,} bytes.")
+    try:
+        tree = load_yaml(text)
+    except YamlInputError as exc:
+        raise ConfigError(f"{origin}: {exc}.") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: malformed YAML: {describe(exc)}") from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{origin}: expected a mapping at the top level, got {type(tree).__name__}.")
+    for top in ("defaults", "hydra"):
+        tree.pop(top, None)
     cfg = VerlConfig(profile=profile)
-    if path is not None:
-        try:
-            tree = load_yaml(read_config_text(path))
-        except YamlInputError as exc:
-            raise ConfigError(f"{path}: {exc}.") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: malformed YAML: {describe(exc)}") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        if tree is None:
-            tree = {}
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(tree).__name__}.")
-        for top in ("defaults", "hydra"):
-            tree.pop(top, None)
-        for key, value in _flatten(tree).items():
-            cfg.set(key, value, origin=str(path))
+    for key, value in _flatten(tree).items():
+        cfg.set(key, value, origin=origin)
     return cfg.override(overrides)
 
 

@@ -3,7 +3,8 @@
 Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``; their shared look
 and fast construction in ``figure_style``), ipywidgets panels (``panels``, ``balance_panels``, ``trainer_panels``,
 built from ``panel_parts``; a live run's status line in ``live_status``), verl's verdict as a card and the check
-that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), small computations
-the notebooks need (``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import
-every layer below it; nothing imports it except notebooks.
+that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), the start-here
+dashboard (``dashboard``: state, view, figures; ``suite``: the notebook map), small computations the notebooks need
+(``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer below
+it; nothing imports it except notebooks.
 """

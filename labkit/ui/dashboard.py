@@ -1,0 +1,270 @@
+"""The start-here dashboard (notebooks/00_start_here.ipynb): paste a verl YAML or a command line of overrides, pick
+the profile, the loop, the lengths, the model and the GPU, and see verl's verdict, the pipeline, per-rank bars,
+memory per phase and the hang risks of that config.
+
+An update (``Dashboard.update``, every widget's observer) parses the text and runs verl's checks at once
+(``dashboard_state.quick``: milliseconds) and shows the verdict; the per-rank plan, which grows with B·n, runs on one
+worker thread that always takes the latest input and drops older ones, and its figures replace a "planning…" line.
+A state seen before is shown at once from the cache. Headless (``interactive=False``) everything is computed in the
+call and shown as plain outputs. Widgets carry stable CSS classes (``CSS``) for a browser test.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from labkit.config.lengths import profile_names
+from labkit.memory.shapes import gpu_names, model_names
+from labkit.ui import dashboard_state as S
+from labkit.ui.dashboard_figures import METRICS, mime_bundle
+from labkit.ui.dashboard_view import View, heading, render, show
+
+AUTO_TOKEN_SAMPLES = 65_536  # above this B·n the per-token plan (seconds) waits for the "plan tokens" button
+CSS = {  # widget -> CSS class
+    "root": "labkit-dashboard",
+    "text": "labkit-config-text",
+    "profile": "labkit-profile",
+    "loop": "labkit-loop",
+    "lengths": "labkit-lengths",
+    "seed": "labkit-seed",
+    "model": "labkit-model",
+    "gpu": "labkit-gpu",
+    "metric": "labkit-metric",
+    "status": "labkit-dash-status",
+    "verdict": "labkit-dash-verdict",
+    "pipeline": "labkit-dash-pipeline",
+    "ranks": "labkit-dash-ranks",
+    "memory_plot": "labkit-dash-memory-plot",
+    "memory": "labkit-dash-memory",
+    "hangs": "labkit-dash-hangs",
+    "tokens": "labkit-plan-tokens",
+}
+
+
+class _Worker:
+    """One thread that runs the latest submitted job; a job submitted while another runs replaces any waiting one.
+    The thread ends when nothing is waiting (no thread outlives its work)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._job: Callable[[], None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cv:
+            self._job = job
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="labkit-dashboard", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                job, self._job = self._job, None
+                if job is None:
+                    self._thread = None
+                    self._cv.notify_all()
+                    return
+            job()
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Block until no job runs or waits (tests, a headless caller); False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._thread is None, timeout)
+
+
+class Dashboard:
+    """The widgets over ``dashboard_state``: ``update()`` re-reads every control; ``view`` / ``state`` are what is
+    shown now. ``background=False`` computes the whole state inside ``update`` (headless runs, tests)."""
+
+    def __init__(
+        self,
+        text: str,
+        profile: str = "engine",
+        loop: str = "v1",
+        lengths: str = "gsm8k-like",
+        model: str = S.AUTO_MODEL,
+        gpu: str = "H100-80GB",
+        background: bool = True,
+    ) -> None:
+        import ipywidgets as W
+
+        self.background, self._worker, self._lock, self._gen = background, _Worker(), threading.Lock(), 0
+        style, wide = {"description_width": "70px"}, W.Layout(width="300px")
+        self.text = W.Textarea(value=text, layout=W.Layout(width="100%", height="300px"), continuous_update=True)
+        self.profile = W.ToggleButtons(options=["engine", "legacy"], value=profile, description="profile", style=style)
+        self.loop = W.ToggleButtons(options=["v1", "v0"], value=loop, description="loop", style=style)
+        self.lengths = W.Dropdown(
+            options=[S.NO_LENGTHS, *profile_names()], value=lengths, description="lengths", style=style, layout=wide
+        )
+        self.seed = W.BoundedIntText(value=0, min=0, max=10**6, description="seed", style=style, layout=wide)
+        self.model = W.Dropdown(
+            options=[S.AUTO_MODEL, *model_names()], value=model, description="model", style=style, layout=wide
+        )
+        self.gpu = W.Dropdown(options=gpu_names(), value=gpu, description="GPU", style=style, layout=wide)
+        self.metric = W.Dropdown(
+            options=[(v, k) for k, v in METRICS.items()],
+            value="tokens",
+            description="bars",
+            style=style,
+            layout=W.Layout(width="420px"),
+        )
+        self.tokens = W.Button(description="plan the tokens too", layout=W.Layout(display="none", width="220px"))
+        self.status, self.verdict, self.pipeline, self.memory, self.hangs = (W.HTML() for _ in range(5))
+        self.ranks, self.memory_plot = W.Output(), W.Output()
+        controls = [self.profile, self.loop, self.lengths, self.seed, self.model, self.gpu]
+        for c in (*controls, self.text):
+            c.observe(self.update, names="value")
+        self.metric.observe(self._redraw, names="value")
+        self.tokens.on_click(self._plan_tokens)
+        head = {k: W.HTML(heading(k)) for k in ("verdict", "pipeline", "ranks", "memory", "hangs")}
+        self.widget = W.VBox(
+            [
+                W.HBox([W.Box([self.text], layout=W.Layout(flex="1 1 60%")), W.VBox(controls)]),
+                self.status,
+                head["verdict"],
+                self.verdict,
+                head["pipeline"],
+                self.pipeline,
+                head["ranks"],
+                W.HBox([self.metric, self.tokens]),
+                self.ranks,
+                head["memory"],
+                self.memory_plot,
+                self.memory,
+                head["hangs"],
+                self.hangs,
+            ]
+        )
+        for name, cls in CSS.items():
+            (self.widget if name == "root" else getattr(self, name)).add_class(cls)
+        self.state: S.State | None = None
+        self.view: View | None = None
+        background, self.background = self.background, False
+        self.update()  # the first view is whole when the cell ends: a notebook's next cell may assert on it
+        self.background = background
+
+    # -- reading the controls ------------------------------------------------------------------------------------
+    def inputs(self) -> S.Inputs:
+        return S.Inputs(
+            self.text.value,
+            self.profile.value,
+            self.loop.value,
+            self.lengths.value,
+            int(self.seed.value),
+            self.model.value,
+            self.gpu.value,
+        )
+
+    def update(self, _: Any = None) -> None:
+        """Show the input's verdict now, and its plan as soon as it is ready (the observer of every control)."""
+        inputs = self.inputs()
+        self.loop.disabled = inputs.profile != "engine"
+        with self._lock:
+            self._gen += 1
+            gen = self._gen
+        st = S.cached(inputs)
+        if st is not None or not self.background:
+            st = st or S.evaluate(inputs)
+            self._show(gen, st)
+            self._follow(gen, st)
+            return
+        first = S.quick(inputs)
+        self._show(gen, first, pending=not S.final(first))
+        if not S.final(first):
+            self._worker.submit(lambda: self._compute(gen, inputs))
+
+    def _compute(self, gen: int, inputs: S.Inputs) -> None:
+        if gen == self._gen:
+            st = S.evaluate(inputs)
+            self._show(gen, st)
+            self._follow(gen, st)
+
+    def _follow(self, gen: int, st: S.State) -> None:
+        """After a rows-only state of a large step, the per-token one (automatic up to AUTO_TOKEN_SAMPLES)."""
+        if not (st.tokens_deferred and st.samples <= AUTO_TOKEN_SAMPLES):
+            return
+        if self.background:
+            self._worker.submit(lambda: self._tokens(gen, st.inputs))
+        else:
+            self._tokens(gen, st.inputs)
+
+    def _tokens(self, gen: int, inputs: S.Inputs) -> None:
+        if gen == self._gen:
+            self._show(gen, S.evaluate(inputs, tokens=True))
+
+    def _plan_tokens(self, _: Any = None) -> None:
+        if self.state is not None:
+            gen, inputs = self._gen, self.state.inputs
+            self.tokens.description = "planning the tokens…"
+            self._worker.submit(lambda: self._tokens(gen, inputs))
+
+    # -- showing ---------------------------------------------------------------------------------------------------
+    def _show(self, gen: int, st: S.State, pending: bool = False) -> None:
+        """Put one state on screen, unless a newer input has been shown meanwhile."""
+        with self._lock:
+            if gen != self._gen:
+                return
+            self.state, self.view = st, render(st, self.metric.value, pending)
+            v = self.view
+            self.status.value, self.verdict.value, self.pipeline.value = v.status, v.verdict, v.pipeline
+            self.memory.value, self.hangs.value = v.memory_text, v.hangs
+            self.ranks.outputs = (mime_bundle(v.ranks),) if v.ranks else ()
+            self.memory_plot.outputs = (mime_bundle(v.memory),) if v.memory else ()
+            auto = st.samples <= AUTO_TOKEN_SAMPLES and self.background
+            self.tokens.layout.display = None if v.tokens_deferred and not auto else "none"
+            self.tokens.description = f"plan the tokens of {st.samples:,} samples (seconds)"
+
+    def _redraw(self, _: Any = None) -> None:
+        if self.state is not None:
+            self._show(self._gen, self.state, self.view.pending if self.view else False)
+
+    def wait(self, timeout: float = 120.0) -> bool:
+        """Block until the worker has shown the latest input (True) or ``timeout`` seconds passed (False)."""
+        return self._worker.wait(timeout)
+
+    def set(self, **values: Any) -> Dashboard:
+        """Set controls by name (``text=``, ``profile=``, ``loop=``, ``lengths=``, ``model=``, ``gpu=``, ``seed=``,
+        ``metric=``), each firing its observer as a user's edit does; returns self."""
+        for name, value in values.items():
+            getattr(self, name).value = value
+        return self
+
+
+@dataclass
+class Shown:
+    """What a headless ``dashboard`` call showed: the same ``state`` and ``view`` a ``Dashboard`` holds."""
+
+    state: S.State
+    view: View
+
+
+def dashboard(
+    text: str,
+    profile: str = "engine",
+    loop: str = "v1",
+    lengths: str = "gsm8k-like",
+    model: str = S.AUTO_MODEL,
+    gpu: str = "H100-80GB",
+    interactive: bool = True,
+) -> Dashboard | Shown:
+    """The dashboard for ``text``: displayed widgets in a live kernel (``interactive``), else that config's view
+    shown as plain outputs. Both results have ``.state`` and ``.view`` (the first view is complete either way)."""
+    if interactive:
+        from IPython.display import display
+
+        d = Dashboard(text, profile, loop, lengths, model, gpu)
+        display(d.widget)
+        return d
+    st = state_of(text, profile=profile, loop=loop, lengths=lengths, model=model, gpu=gpu)
+    shown = Shown(st, render(st))
+    show(shown.view)
+    return shown
+
+
+def state_of(text: str, **inputs: Any) -> S.State:
+    """The evaluated state of a config text (keyword ``Inputs`` fields), per token: what a notebook asserts on."""
+    return S.evaluate(replace(S.Inputs(text), **inputs), tokens=True)
