@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 from labkit.model.ulysses_communications import Gather, SeqAllToAll
+from labkit.rules.catalogue import message
 from labkit.runtime import dist as ldist
 
 ULYSSES_ATTN = "labkit_ulysses"
@@ -157,6 +158,11 @@ def gather_outputs_and_unpad(
         if padding_size:
             x = x.narrow(unpad_dim, 0, x.size(unpad_dim) - padding_size)
     return x
+
+
+def gather_outpus_and_unpad(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The old, misspelled name: kept only to raise, as verl keeps it (X7). Mirrors verl.utils.ulysses."""
+    raise RuntimeError(message("X7"))
 
 
 # ---- the attention function ---------------------------------------------------------------------------------------

@@ -136,6 +136,8 @@ def generate(ctx: Ctx, tr: StepTrace) -> None:
         "infer_tp": ctx.geo.infer_tp,
         "infer_pp": ctx.geo.rollout_pp,
         "groups": [list(range(r * size, (r + 1) * size)) for r in range(R)],
+        # ≤ v0.5 built a 2-D (dp, infer_tp) mesh; later versions add infer_pp
+        "dims": ["dp", "infer_tp", "infer_pp"] if mesh else ["dp", "infer_tp"],
     }
     if mesh and ctx.geo.samples % R:  # only v0.6–0.7 chunked by rollout dp; 0.8/0.9.1 route each request, nothing fails
         rec.note = (

@@ -20,18 +20,11 @@ import numpy as np
 import torch
 
 from labkit.protocol.data_proto import DataProto
+from labkit.protocol.fields import ROLLOUT_OUTPUT_KEYS
 from labkit.runtime import dist
 from labkit.runtime.dispatch import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
 
-OUTPUT_KEYS = (
-    "prompts",
-    "responses",
-    "response_mask",
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "response_length",
-)
+OUTPUT_KEYS = ROLLOUT_OUTPUT_KEYS
 METHODS = {"mesh": "generate_sequences", "all_gather": "generate_sequences_all_gather"}
 DEFAULT_PROMPT_LENGTH = 24  # labkit.model.tiny_model.MAX_PROMPT_TOKENS
 DEFAULT_RESPONSE_LENGTH = 32

@@ -3,7 +3,7 @@
 Holds the batch geometry derived from a config (``geometry``: prompts, samples, world, DP and SP sizes, rollout
 mesh, the workload formula, ceiling division, Ulysses padding, the ``gen_batch_size`` fallback), the mini-batch
 rules of an update (``mini_batches``: the legacy normalisation with E20–E22, the engine's E28/E29), the failure verl
-raises at a stage (``failures``), the collective names planner and runtime share (``collectives``) and the error
-catalogue (``catalogue``: every code's message, location, when and why). May import: ``labkit.config``,
-``labkit.trace``.
+raises at a stage (``failures``), whether dynamic micro-batching syncs its count over the DP group (``dp_sync``),
+the collective names planner and runtime share (``collectives``) and the error catalogue (``catalogue``: every
+code's message, location, when and why). May import: ``labkit.config``, ``labkit.trace``.
 """

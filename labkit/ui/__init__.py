@@ -4,7 +4,8 @@ Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``r
 and fast construction in ``figure_style``), ipywidgets panels (``panels``, ``balance_panels``, ``trainer_panels``,
 built from ``panel_parts``; a live run's status line in ``live_status``), verl's verdict as a card and the check
 that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), the start-here
-dashboard (``dashboard``: state, view, figures; ``suite``: the notebook map), small computations the notebooks need
-(``lessons``) and the JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer below
-it; nothing imports it except notebooks.
+dashboard (``dashboard``: state, view, figures; ``suite``: the notebook map), the blog posts' claims checked by
+running labkit (``seed_claims``, notebook 09), small computations the notebooks need (``lessons``) and the
+JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer below it; nothing imports it
+except notebooks.
 """
