@@ -1,5 +1,6 @@
 """What notebook 09 shows of the checked claims: HTML tables (one per group, one summary) and the verdict counts
-as a bar chart. The HTML renderer is a small local one (escaped cells, line breaks kept).
+as a bar chart. Its own small renderer: cells keep their line breaks and verdict cells are tinted, which
+ui.html_table (one colour per row) does not do.
 """
 
 from __future__ import annotations
