@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from labkit.runtime import dist
+from labkit.runtime import dist, rank_files
 from labkit.runtime.dispatch import (
     Dispatch,
     Execute,
@@ -142,7 +142,7 @@ class WorkerGroup:
         self.worker_cls, self.world_size = worker_cls, world_size
         self.timeout_s, self.collective_timeout_s = timeout_s, collective_timeout_s
         self.trace = StepTrace(profile=profile, source="live")
-        self.closed, self.teardown, self.pids = False, [], [None] * world_size
+        self.closed, self.teardown, self.pids, self.swept = False, [], [None] * world_size, []
         self._owns_ray, self._launcher, self._broken, self._stage = False, None, None, None
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
@@ -155,6 +155,8 @@ class WorkerGroup:
             check_importable(worker_cls)
         backend, device_kind = dist.choose_backend(world_size, backend)
         self.backend, self.device_kind = backend, device_kind
+        self.group_dir = rank_files.new_group_dir()  # what ranks make outside their process is listed here
+        env = {**(env or {}), rank_files.ENV: self.group_dir}
         port = dist.free_port()
         host_kwargs = [
             dict(
@@ -215,6 +217,7 @@ class WorkerGroup:
                 self.teardown = self._launcher.close(graceful_s=3.0)
                 wait_gone([p for p in self._launcher.pids if p], 10.0)
         finally:
+            self.swept = rank_files.sweep(getattr(self, "group_dir", None))
             if self._owns_ray:
                 from labkit.runtime.ray_launcher import stop_ray
 
