@@ -93,6 +93,7 @@ class EnginePlan:
     kv_cache_bytes: int | None  # explicit KV cache per rank (CPU); None: vLLM profiles the GPU itself
     kv_cache_tokens: int  # tokens that KV cache holds per rank (GPU: an estimate)
     kv_budget_tokens: int  # what gpu_memory_utilization alone would allow
+    model_params: int = 0  # the model's unique parameters (all TP ranks together)
     cpu_binding: tuple[int, ...] = ()  # rank r runs on CPU cpu_binding[r] (empty: no binding, e.g. on a GPU)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -221,9 +222,8 @@ def plan_engine(cfg: Any, model: EngineModel, host: Host) -> EnginePlan:
     if host.device == "cuda":
         kv_bytes, kv_tokens = None, budget_tokens
     else:
-        kv_tokens = min(budget_tokens, need_tokens)
-        kv_bytes = math.ceil(kv_tokens / CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE * per_token if kv_tokens else 0
-        kv_tokens = kv_bytes // per_token
+        kv_tokens = min(budget_tokens, need_tokens) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE  # whole blocks
+        kv_bytes = kv_tokens * per_token
         notes.append(f"RAM shared by {ranks} ranks: each takes gpu_memory_utilization × RAM / {ranks} − its weights")
     sleep = bool(g(f"{_R}.free_cache_engine")) and host.device == "cuda"
     replicas = max(cfg.n_gpus // (tp * g(f"{_R}.pipeline_model_parallel_size")), 1)
@@ -254,6 +254,7 @@ def plan_engine(cfg: Any, model: EngineModel, host: Host) -> EnginePlan:
         kv_cache_bytes=kv_bytes,
         kv_cache_tokens=kv_tokens,
         kv_budget_tokens=budget_tokens,
+        model_params=model.params,
         cpu_binding=binding,
         notes=tuple(notes),
     )

@@ -183,7 +183,7 @@ class RolloutWorker(Worker):
             else default_engine_plan(self.world_size, self.tp, self.prompt_length, self.response_length, self.dtype)
         )
         tied = bool(getattr(_model_config_for_checks(self.model_path), "tie_word_embeddings", False))
-        return VllmEngine(plan, model_folder(self.model_path), self.rank, self.dp_rank, tied)
+        return VllmEngine(plan, model_folder(self.model_path), self.rank, self.dp_rank, self.tp_group, tied)
 
     @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -318,9 +318,17 @@ def generate(
     return wg.call(METHODS[dispatch], prepare_generation(batch, n, **settings), _stage=stage)
 
 
-def reference_generate(batch: DataProto, n: int = 1, *, model_path: str | None = None, **settings: Any) -> DataProto:
+def reference_generate(
+    batch: DataProto,
+    n: int = 1,
+    *,
+    model_path: str | None = None,
+    weights: dict[str, Any] | None = None,
+    **settings: Any,
+) -> DataProto:
     """HF generate on the whole model in this process (TP=1, one replica, no worker group): the tokens every layout
-    must reproduce under greedy decoding (and, for sampling, those of the HF engine's rollout replica 0)."""
+    must reproduce under greedy decoding (and, for sampling, those of the HF engine's rollout replica 0).
+    ``weights``: full parameters to load first (e.g. the actor's after an update: ``wg.full_params()[0]``)."""
     worker = RolloutWorker(
         prompt_length=batch.batch["input_ids"].shape[1],
         model_path=model_path,
@@ -329,5 +337,8 @@ def reference_generate(batch: DataProto, n: int = 1, *, model_path: str | None =
     )
     worker.engine = HFEngine(model_path, "float32", 1, None, 0)
     worker.engine.start()
+    if weights is not None:
+        full = {k: torch.as_tensor(v) for k, v in weights.items()}
+        worker.engine.update_weights(full)
     worker.rank = worker.dp_rank = worker.tp_rank = 0
     return worker._generate(prepare_generation(batch, n, **settings))

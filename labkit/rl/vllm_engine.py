@@ -28,7 +28,7 @@ from labkit.plan.rollout_engine import EnginePlan, max_tokens_for, sampling_kwar
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import weight_sync
 from labkit.rl.rollout_output import from_token_lists
-from labkit.runtime import rank_files
+from labkit.runtime import dist, rank_files
 
 ROW_KEY = "rollout_row"  # non-tensor key: each row's index in the generation batch (its sampling seed)
 WORKER_CLS = "labkit.rl.vllm_worker.LabkitCPUWorker"
@@ -92,6 +92,22 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", message=r".*reduce_op.*")
 
 
+def local_param_count(model: torch.nn.Module) -> int:
+    """Parameters this rank's engine holds, each once (a tied LM head shares the embedding's): a weight the CPU
+    backend repacked (its tensor left empty) counts as its partition's input × output size."""
+    total, seen = 0, set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.numel() == 0 and name == "weight" and hasattr(module, "output_size_per_partition"):
+                total += int(module.input_size_per_partition) * int(module.output_size_per_partition)
+            else:
+                total += p.numel()
+    return total
+
+
 def import_llm() -> Any:
     """``vllm.LLM``; the optional rfc3987_syntax module (~2 s of lark parsers, pulled in through ray/jsonschema) is
     skipped as labkit's Ray launcher does."""
@@ -111,8 +127,9 @@ class VllmEngine:
 
     name = "vllm"
 
-    def __init__(self, plan: EnginePlan, model_path: str, rank: int, dp_rank: int, tied: bool) -> None:
+    def __init__(self, plan: EnginePlan, model_path: str, rank: int, dp_rank: int, tp_group: Any, tied: bool) -> None:
         self.plan, self.model_path, self.rank, self.dp_rank, self.tied = plan, model_path, rank, dp_rank, tied
+        self.tp_group = tp_group
         self.llm: Any = None
         self.asleep = False
         self.shm_parts: list[Any] = []
@@ -138,14 +155,18 @@ class VllmEngine:
         kw = p.llm_kwargs(self.model_path, self.dp_rank)
         if p.device == "cpu":
             kw["worker_cls"] = WORKER_CLS
-        self.llm = LLM(**kw, use_tqdm_on_load=False)
+        with dist.waiting_on("vllm.LLM()"):  # every rank of the world builds its engine at once
+            self.llm = LLM(**kw, use_tqdm_on_load=False)
         self.shm_parts = self._segments()
         rank_files.register(*(f"/dev/shm/{x.shared_memory.name}" for x in self.shm_parts))
         cache = self.llm.llm_engine.vllm_config.cache_config
+        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
         return {
             "engine": self.name,
             "import_s": t1 - t0,
             "engine_s": time.perf_counter() - t1,
+            "params_full": p.model_params,
+            "params_local": local_param_count(model),
             "kv_blocks": int(cache.num_gpu_blocks or 0),
             "block_size": int(cache.block_size),
             "kv_cache_tokens": int(cache.num_gpu_blocks or 0) * int(cache.block_size),
@@ -195,7 +216,8 @@ class VllmEngine:
         if p.sleep_mode and self.asleep:
             self.llm.wake_up()
         t0 = time.perf_counter()
-        outs = self.llm.generate(requests, params, use_tqdm=False)
+        with dist.waiting_on("vllm.generate (TP all-reduces)", self.tp_group):
+            outs = self.llm.generate(requests, params, use_tqdm=False)
         gen_s = time.perf_counter() - t0
         if p.sleep_mode:
             self.llm.sleep(level=1)

@@ -316,6 +316,8 @@ class WorkerGroup:
         t0 = time.monotonic()
         next_watch = t0 + self.collective_timeout_s
         death_seen: float | None = None
+        raised_seen: float | None = None  # when a rank first raised a plain exception
+        next_stuck = t0
         peers_failed: float | None = None  # when a rank first reported a failed collective
         while True:
             results = self._launcher.poll(handle, 0.1)
@@ -342,11 +344,22 @@ class WorkerGroup:
                         failed + silent + [_abandoned(r, method, "a peer failed") for r in answering], stage
                     )
                 peers_failed = now  # the others still answer: they reach the collective and time out on their own
+            raised = {e["rank"] for e in failed if not (e.get("collective") or e.get("died") or e.get("pending"))}
+            raised_seen = raised_seen or (now if raised else None)
+            if raised_seen is not None and now - raised_seen > GRACE_S and now >= next_stuck:
+                next_stuck = now + 0.5  # peers of a raised rank that wait with no timeout (dist.waiting_on)
+                stuck = [r for r, st in self._launcher.status(pending, timeout=1.0).items()
+                         if ((st or {}).get("inflight") or {}).get("unbounded")
+                         and raised & set(st["inflight"]["group"])]  # fmt: skip
+                if stuck:
+                    self._broken = f"ranks {stuck} wait forever on a peer that raised"
+                    why = "it waits with no timeout on a peer that raised"
+                    raise root_cause(failed + [_abandoned(r, method, why) for r in pending], stage)
             if now >= next_watch:
                 next_watch = now + 0.5
                 for rank, st in self._launcher.status(pending, timeout=1.0).items():
                     inf = (st or {}).get("inflight")
-                    if inf and inf["elapsed_s"] > inf["timeout_s"] + GRACE_S:
+                    if inf and inf.get("timeout_s") is not None and inf["elapsed_s"] > inf["timeout_s"] + GRACE_S:
                         self._broken = f"rank {rank} hung in {inf['collective']}"
                         env = {
                             "ok": False,
