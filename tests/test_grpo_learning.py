@@ -12,6 +12,7 @@ from labkit.rl.hybrid_worker import settings_for
 from labkit.runtime.worker_group import live_groups
 from labkit.trainer.grpo_trainer import mean_scores, trainer_config
 from labkit.trainer.recipes import LEARNING_LR, learning_config, learning_trainer, reward_rise
+
 HF = "actor_rollout_ref.rollout.name=hf"  # the HF engine: these tests are about the step, not the vLLM engine
 
 STEPS = 8  # about 10 s to start the group + 8 × 4–6 s on 2 shared cores
