@@ -293,10 +293,12 @@ def sampling_kwargs(
     ignore_eos: bool = False,
     seed: int | None = None,
     stop_token_ids: list[int] | None = None,
+    min_tokens: int = 0,
 ) -> dict[str, Any]:
     """``SamplingParams`` of one request from verl's sampling keys: greedy is temperature 0 with top_p 1, top_k −1
     and min_p 0 (vllm_rollout_spmd.py: generate_sequences, do_sample=False); ``logprobs=0`` returns the sampled
-    token's log-prob only (vllm_async_server.py: generate); n=1 (the driver repeats the prompts)."""
+    token's log-prob only (vllm_async_server.py: generate); n=1 (the driver repeats the prompts); ``min_tokens``: no
+    EOS before that many tokens (labkit's benchmarks: every row full length, as HF's ``min_new_tokens``)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if do_sample and temperature <= 0:
@@ -316,4 +318,6 @@ def sampling_kwargs(
         kw["seed"] = int(seed)
     if stop_token_ids:
         kw["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    if min_tokens:
+        kw["min_tokens"] = min(int(min_tokens), int(max_tokens))  # stop tokens (EOS) masked until then
     return kw

@@ -66,3 +66,30 @@ def token_gap(batch: DataProto) -> dict[str, torch.Tensor]:
         "diff": (rollout - actor)[mask],
         "position": position[mask],
     }
+
+
+def micro_batch_gap(
+    batch: DataProto, dtype: str, micro_sizes: tuple[int, ...] = (1, 4, 16), model_path: str | None = None
+) -> dict[int, torch.Tensor]:
+    """The same response tokens scored by the actor's forward (``labkit.model.logprob.forward_micro_batch``, packed
+    rows) in micro-batches of each size, in ``dtype``: per micro size, every response token's log-prob minus its
+    log-prob at ``micro_sizes[0]`` (masked tokens left out). Zero would mean batch-invariant kernels; in bf16 they are
+    not (verl issue 6280: old_log_prob and log_prob differ when the two passes use different micro-batch sizes)."""
+    from labkit.model.logprob import forward_micro_batch
+    from labkit.rl.hf_engine import load_rollout_model
+
+    model, _ = load_rollout_model(model_path, dtype)
+    model.config.use_cache = False
+    keys = ("input_ids", "attention_mask", "position_ids", "responses")
+    scored = {}
+    for micro in micro_sizes:
+        parts = []
+        for i in range(0, len(batch), micro):
+            with torch.no_grad():
+                lp, _ = forward_micro_batch(
+                    model, {k: batch.batch[k][i : i + micro] for k in keys}, use_remove_padding=True
+                )
+            parts.append(lp.float())
+        scored[micro] = torch.cat(parts)
+    mask = _mask(batch)
+    return {m: (scored[m] - scored[micro_sizes[0]])[mask] for m in micro_sizes}

@@ -193,24 +193,26 @@ class VllmEngine:
             else (mask.cumsum(1) - 1).clamp(min=0)
         )
         rows = prompts.non_tensor_batch.get(ROW_KEY, np.arange(len(prompts)))
-        ignore_eos = bool(meta.get("ignore_eos", p.ignore_eos))
-        stop = None if ignore_eos else (eos if isinstance(eos, list) else [eos])
+        full = bool(meta.get("ignore_eos", False))  # labkit's benchmarks: EOS masked until response_length
+        stop = None if p.ignore_eos else (eos if isinstance(eos, list) else [eos])  # verl's ignore_eos: no stop
         requests, params = [], []
         from vllm import SamplingParams
 
         for row, (x, m) in enumerate(zip(ids, mask)):
             tokens = x[m.bool()].tolist()
             requests.append({"prompt_token_ids": tokens})
+            most = max_tokens_for(len(tokens), ids.shape[1], response_length, p.max_model_len)
             kw = sampling_kwargs(
                 bool(meta.get("do_sample", True)),
                 float(meta.get("temperature", 1.0)),
                 int(meta.get("top_k", -1)),
                 float(meta.get("top_p", 1.0)),
-                max_tokens_for(len(tokens), ids.shape[1], response_length, p.max_model_len),
+                most,
                 p.calculate_log_probs,
                 ignore_eos=True,  # stops come from the batch's EOS ids (stop_token_ids), as HF generate's do
                 seed=row_seed(meta.get("seed", 0), rows[row]),
                 stop_token_ids=stop,
+                min_tokens=most if full else 0,
             )
             params.append(SamplingParams(**kw))
         if p.sleep_mode and self.asleep:
