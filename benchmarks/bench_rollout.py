@@ -1,11 +1,12 @@
-"""Live rollout timings: a worker group of RolloutWorkers up (Ray + actors + gloo, then init_model: mesh, model, TP
-shards), and a rollout of 8 prompts x n=4 x 64 new tokens on 4 ranks (every row generates 64 tokens: EOS ignored),
-for rollout TP 1 and 2 and both dispatches; plus the same rollout stopping at EOS.
+"""Rollout engines side by side: vLLM (external_launcher, one engine per TP group) vs HF generate on TP shards, for
+rollout TP 1 and 2, in one run and on the same workload: cold start of the group (processes up, then init_model:
+mesh, weights, engine) and generation throughput (every row generates --tokens new tokens: EOS ignored), then the
+vLLM/HF ratios.
 
-Usage: python benchmarks/bench_rollout.py [--world 4] [--prompts 8] [--n 4] [--tokens 64] [--tp 1 2]
-       [--launcher ray|local] [--repeats 3] [--json benchmarks/bench_rollout.json]
-Goals on the 2-core CI machine: group of 4 up < 10 s; the rollout < 10 s after start-up. The load average is
-printed with every figure: on a shared machine the numbers scale with it."""
+Usage: python benchmarks/bench_rollout.py [--world 2] [--prompts 8] [--n 4] [--tokens 32] [--tp 1 2]
+       [--engines vllm hf] [--launcher local|ray] [--repeats 3] [--json FILE]
+Every rollout figure is the median of --repeats runs after a warm-up. The load average is printed with every row:
+on a shared machine the numbers scale with it."""
 
 from __future__ import annotations
 
@@ -27,15 +28,8 @@ def load() -> float:
         return float(f.read().split()[0])
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (load-independent-ish: what the work itself costs)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str, repeats: int) -> dict:
-    """One group: bring-up figures, then per dispatch the median of `repeats` rollouts (a warm-up run first)."""
+def bench(engine: str, world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str, repeats: int) -> dict:
+    """One group: its cold start, then the median of ``repeats`` rollouts of prompts·n rows × tokens (after a warm-up)."""
     cfg = live_rollout.rollout_config(
         [
             f"trainer.n_gpus_per_node={world}",
@@ -43,74 +37,87 @@ def bench(world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str,
             f"actor_rollout_ref.rollout.n={n}",
             f"data.max_response_length={tokens}",
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+            f"actor_rollout_ref.rollout.name={engine}",
         ]
     )
-    row: dict = {"world": world, "tp": tp, "rows": prompts * n, "max_new_tokens": tokens, "load_before": load()}
+    row: dict = {"engine": engine, "world": world, "tp": tp, "rows": prompts * n, "tokens": tokens, "load": load()}
     t0 = time.perf_counter()
-    owned = live_rollout.hold_ray(max(4, world)) if launcher == "ray" else False
-    row["ray_init_s"] = time.perf_counter() - t0
+    live = live_rollout.LiveRollout(cfg, launcher=launcher)
+    row.update(cold_start_s=time.perf_counter() - t0, ran=live.engine, **live.timings)
     try:
-        t0 = time.perf_counter()
-        live = live_rollout.LiveRollout(cfg, launcher=launcher)
-        row.update(live.timings, up_total_s=time.perf_counter() - t0, weights=live.info[0]["weights"])
-        row["rank_cpu_up_s"] = [round(cpu_s(p), 2) for p in live.wg.pids]
-        try:
-            batch = live.batch(seed=0)
-            for dispatch, ignore_eos in (("mesh", True), ("all_gather", True), ("mesh", False)):
-                name = f"{dispatch}{'' if ignore_eos else '_eos'}"
-                live.run(batch, dispatch=dispatch, seed=0, ignore_eos=ignore_eos)  # warm-up
-                times, new, cpu0 = [], 0, [cpu_s(p) for p in live.wg.pids]
-                for r in range(repeats):
-                    t = time.perf_counter()
-                    out, _ = live.run(batch, dispatch=dispatch, seed=r + 1, ignore_eos=ignore_eos)
-                    times.append(time.perf_counter() - t)
-                    new = int(out.batch["response_length"].sum())
-                row[f"rollout_{name}_s"] = statistics.median(times)
-                row[f"new_tokens_{name}"] = new
-                row[f"rank_cpu_{name}_s"] = [round((cpu_s(p) - c) / repeats, 2) for p, c in zip(live.wg.pids, cpu0)]
-        finally:
-            row["cleanup"] = {"left_pids": live.close()["left_pids"]}
-            row.update(close_s=live.timings["close_s"])
+        batch = live.batch(seed=0)
+        live.run(batch, seed=0, ignore_eos=True)  # warm-up (first-request costs)
+        times, new = [], 0
+        for r in range(repeats):
+            t = time.perf_counter()
+            out, _ = live.run(batch, seed=r + 1, ignore_eos=True)
+            times.append(time.perf_counter() - t)
+            new = int(out.batch["response_length"].sum())
+        row.update(rollout_s=statistics.median(times), new_tokens=new)
+        row["tokens_per_s"] = new / row["rollout_s"]
     finally:
-        live_rollout.release_ray(owned)
+        row["left_pids"] = live.close()["left_pids"]
     row["load_after"] = load()
     return row
 
 
+def ratios(rows: list[dict]) -> list[dict]:
+    """vLLM / HF per TP: cold start and tokens/s (>1: vLLM slower to start / faster to generate)."""
+    by = {(r["ran"], r["tp"]): r for r in rows}
+    out = []
+    for tp in sorted({r["tp"] for r in rows}):
+        v, h = by.get(("vllm", tp)), by.get(("hf", tp))
+        if v and h:
+            out.append(
+                {
+                    "tp": tp,
+                    "cold_start_vllm_over_hf": v["cold_start_s"] / h["cold_start_s"],
+                    "tokens_per_s_vllm_over_hf": v["tokens_per_s"] / h["tokens_per_s"],
+                }
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--launcher", default="ray", choices=["ray", "local"])
+    parser.add_argument("--engines", nargs="+", default=["vllm", "hf"], choices=["vllm", "hf"])
+    parser.add_argument("--launcher", default="local", choices=["ray", "local"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
-    t_ray = time.perf_counter()
-    results = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "launcher": args.launcher},
-        "runs": [],
-    }
+    t0 = time.perf_counter()
+    rows = []
     for tp in args.tp:
-        row = bench(args.world, tp, args.prompts, args.n, args.tokens, args.launcher, args.repeats)
-        results["runs"].append(row)
+        for engine in args.engines:
+            r = bench(engine, args.world, tp, args.prompts, args.n, args.tokens, args.launcher, args.repeats)
+            rows.append(r)
+            print(
+                f"{r['ran']:>4} W={r['world']} TP={tp}: cold start {r['cold_start_s']:.1f} s (group up "
+                f"{r['group_up_s']:.1f} s + init_model {r['init_model_s']:.1f} s); {r['rows']} rows × {r['tokens']} "
+                f"tokens in {r['rollout_s']:.3f} s = {r['tokens_per_s']:,.0f} tok/s; left {r['left_pids']}; "
+                f"load {r['load']:.1f}->{r['load_after']:.1f}",
+                flush=True,
+            )
+    for q in ratios(rows):
         print(
-            f"W={row['world']} TP={tp}: ray init {row['ray_init_s']:.1f} s, group up {row['group_up_s']:.1f} s + "
-            f"init_model {row['init_model_s']:.1f} s = {row['up_total_s']:.1f} s; "
-            f"rollout {row['rows']} rows x {row['max_new_tokens']} tokens: mesh "
-            f"{row['rollout_mesh_s']:.2f} s ({row['new_tokens_mesh']} new tokens), all_gather "
-            f"{row['rollout_all_gather_s']:.2f} s; stopping at EOS (mesh) {row['rollout_mesh_eos_s']:.2f} s "
-            f"({row['new_tokens_mesh_eos']} new tokens); close {row['close_s']:.1f} s; "
-            f"left {row['cleanup']['left_pids']}; rank CPU s: up {row['rank_cpu_up_s']}, rollout "
-            f"{row['rank_cpu_mesh_s']}; load {row['load_before']:.1f}->{row['load_after']:.1f}",
+            f"TP={q['tp']}: vLLM/HF cold start {q['cold_start_vllm_over_hf']:.2f}x, tokens/s "
+            f"{q['tokens_per_s_vllm_over_hf']:.2f}x",
             flush=True,
         )
-    results["wall_s"] = time.perf_counter() - t_ray
     if args.json:
+        result = {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "launcher": args.launcher},
+            "runs": rows,
+            "ratios": ratios(rows),
+            "wall_s": time.perf_counter() - t0,
+        }
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

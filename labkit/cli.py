@@ -144,6 +144,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
     tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
     memory_command.fill_trace(tr, cfg, ns.model)
+    engine = _engine_plan(cfg, ns.model)
+    tr.summary["rollout_engine"] = engine if isinstance(engine, str) else engine.as_dict()
     if ns.json:
         print(tr.to_json())
         return 0
@@ -151,7 +153,36 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     con.print(stage_table(tr))
     con.print(rank_table(tr))
     con.print(summary_table(tr))
+    con.print(engine_table(engine))
     return 0
+
+
+def _engine_plan(cfg: Any, model: str) -> Any:
+    """The rollout engine of ``cfg`` for ``model`` on this machine (labkit.plan.rollout_engine), or why not."""
+    from labkit.memory.shapes import model_shape
+    from labkit.plan.rollout_engine import EngineModel, plan_engine
+    from labkit.runtime.host import this_host
+
+    m = model_shape(model)
+    dims = EngineModel(
+        m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.hidden_size, m.head_dim,
+        m.max_position_embeddings, m.param_count(),
+    )  # fmt: skip
+    try:
+        return plan_engine(cfg, dims, this_host(cfg.n_gpus))
+    except ValueError as exc:
+        return str(exc)
+
+
+def engine_table(engine: Any) -> Table:
+    """Each rollout key of the engine and what it became on this machine (or why the engine cannot start)."""
+    t = Table(title="Rollout engine on this machine")
+    t.add_column("rollout key", style="bold")
+    t.add_column("value")
+    t.add_column("became", overflow="fold")
+    for key, value, became in [("engine", "", engine)] if isinstance(engine, str) else engine.rows():
+        t.add_row(escape(key), escape(value), escape(became))
+    return t
 
 
 def _print_finding(con: Console, f: Any) -> None:

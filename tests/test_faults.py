@@ -155,8 +155,9 @@ def test_a_grpo_step_names_the_rank_killed_in_each_stage(monkeypatch, stage):
     WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60).close()  # the forkserver, before the baseline
     before = run_leftovers()
     tr = grpo_trainer.GRPOTrainer(
-        launcher="local", seed=0, progress=False, fixed_prompts=True, collective_timeout_s=COLL_S
-    )
+        ["actor_rollout_ref.rollout.name=hf"], launcher="local", seed=0, progress=False, fixed_prompts=True,
+        collective_timeout_s=COLL_S,
+    )  # fmt: skip
     pid = tr.wg.pids[1]
     original = grpo_trainer._Progress.stage
 

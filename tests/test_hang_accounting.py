@@ -37,6 +37,7 @@ def test_rollout_tp_collectives_match_the_prediction():
         "data.train_batch_size=2",
         f"{ARR}.rollout.n=2",
         "data.max_response_length=8",
+        f"{ARR}.rollout.name=hf",  # labkit's TP collectives are the HF engine's
     ]
     with LiveRollout(cfg, launcher="local", collective_timeout_s=30.0) as live:
         layers = live.wg.model_info()["config"]["num_hidden_layers"]

@@ -38,7 +38,8 @@ DRIVER = textwrap.dedent(
         wg = WorkerGroup(DemoWorker, 2, launcher="ray", timeout_s=120)
         echoed = wg.echo(3)
         wg.close()
-        tr = GRPOTrainer(launcher="ray", seed=0, progress=False, fixed_prompts=True, timeout_s=240)
+        tr = GRPOTrainer(["actor_rollout_ref.rollout.name=hf"], launcher="ray", seed=0, progress=False,
+                         fixed_prompts=True, timeout_s=240)
         try:
             metrics = tr.step()
         finally:

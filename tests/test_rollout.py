@@ -31,6 +31,7 @@ def cfg_for(W: int, tp: int, B: int = B, n: int = N_SAMPLES):
             f"actor_rollout_ref.rollout.n={n}",
             f"data.max_prompt_length={PROMPT}",
             f"data.max_response_length={RESPONSE}",
+            "actor_rollout_ref.rollout.name=hf",  # labkit's TP-sharded HF engine (tests/test_vllm_*.py: vLLM)
         ]
     )
 

@@ -19,12 +19,13 @@ from labkit.trainer.grpo_trainer import COMPARED, FIELDS, GRPOTrainer, mean_scor
 
 EXTRA_STEPS = 4  # after the first: 5 GRPO steps in all (about 7 s each on 2 shared cores)
 LR = 1e-3
+HF = "actor_rollout_ref.rollout.name=hf"  # the HF engine: these tests are about the step, not the vLLM engine
 _STATE: dict = {}
 
 
 @pytest.fixture(scope="module")
 def trainer():
-    tr = GRPOTrainer(launcher="local", seed=0, lr=LR, progress=False, fixed_prompts=True)
+    tr = GRPOTrainer([HF], launcher="local", seed=0, lr=LR, progress=False, fixed_prompts=True)
     _STATE["trainer"] = tr
     try:
         yield tr
@@ -188,7 +189,7 @@ def test_sp_tp_dynamic_kl_step_equals_prediction():
     included; the group is gone afterwards."""
     from labkit.ui.trainer_panels import step_config
 
-    cfg = step_config(sp=2, tp=2, dynamic=True, budget=64, use_kl_loss=True)
+    cfg = step_config(sp=2, tp=2, dynamic=True, budget=64, use_kl_loss=True).override([HF])
     with GRPOTrainer(cfg, launcher="local", seed=1, lr=LR, progress=False) as tr:
         m = tr.step()
         assert tr.mismatches() == [], tr.mismatches()
@@ -281,6 +282,7 @@ def test_kl_in_reward_step_runs_the_ref_and_penalises_the_scores():
             "algorithm.kl_ctrl.kl_coef=0.5",
             "algorithm.kl_ctrl.horizon=64",
             "actor_rollout_ref.model.use_remove_padding=false",
+            HF,
         ],
         launcher="local",
         seed=1,

@@ -24,6 +24,7 @@ V1 = [
     f"{ARR}.actor.ppo_mini_batch_size=4",
     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
     f"{ARR}.actor.entropy_coeff=0.01",  # an entropy bonus: every mini-batch has a loss and a gradient
+    f"{ARR}.rollout.name=hf",  # the HF engine: this module is about the v1 step, not the vLLM engine
 ]
 
 

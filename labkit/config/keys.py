@@ -88,7 +88,13 @@ _KEYS = [
     Key(f"{ACTOR}.optim.weight_decay", FLOAT, 0.01, minimum=0, doc="AdamW weight decay"),
     Key(f"{ACTOR}.fsdp_config.fsdp_size", INT, -1),
     # rollout
-    Key(f"{ROLLOUT}.name", STR, "hf", doc="labkit's rollout engine (verl's YAML leaves it '???')"),
+    Key(
+        f"{ROLLOUT}.name",
+        STR,
+        "vllm",
+        choices=("vllm", "hf"),
+        doc="the rollout engine: vllm (verl's examples; its YAML leaves it '???') or hf (HF generate on TP shards)",
+    ),
     Key(f"{ROLLOUT}.mode", STR, "async", choices=("async", "sync")),
     Key(f"{ROLLOUT}.n", INT, 1, minimum=1, doc="samples per prompt"),
     Key(f"{ROLLOUT}.temperature", FLOAT, 1.0),
@@ -134,6 +140,30 @@ _KEYS = [
     Key(f"{ROLLOUT}.free_cache_engine", BOOL, True, doc="the engine sleeps (frees weights + KV) after generate"),
     Key(f"{ROLLOUT}.max_num_seqs", INT, 256, minimum=1, legacy_default=1024, doc="sequences the engine runs at once"),
     Key(f"{ROLLOUT}.max_num_batched_tokens", INT, 8192, minimum=1, doc="tokens per engine step (prefill chunk)"),
+    # the rollout engine (labkit.plan.rollout_engine maps these onto vLLM's LLM(...) and SamplingParams)
+    Key(f"{ROLLOUT}.dtype", STR, "bfloat16", choices=("bfloat16", "float16", "float32"), doc="engine weights dtype"),
+    Key(f"{ROLLOUT}.enforce_eager", BOOL, False, doc="no CUDA graphs / torch.compile in the engine"),
+    Key(
+        f"{ROLLOUT}.max_model_len", INT, None, nullable=True, minimum=1, doc="None: the model's max_position_embeddings"
+    ),
+    Key(f"{ROLLOUT}.enable_chunked_prefill", BOOL, True, doc="prefills split into max_num_batched_tokens chunks"),
+    Key(f"{ROLLOUT}.enable_prefix_caching", BOOL, True, doc="KV blocks of shared prompt prefixes reused"),
+    Key(
+        f"{ROLLOUT}.logprobs_mode",
+        STR,
+        "processed_logprobs",
+        choices=("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"),
+        doc="processed: log_softmax(logits / temperature), what the trainer recomputes",
+    ),
+    Key(
+        f"{ROLLOUT}.calculate_log_probs",
+        BOOL,
+        True,
+        legacy_default=False,
+        doc="the engine returns rollout_log_probs of the sampled tokens",
+    ),
+    Key(f"{ROLLOUT}.seed", INT, 42, legacy_default=0, doc="engine seed = seed + replica rank (0.7.1: no key, 0)"),
+    Key(f"{ROLLOUT}.ignore_eos", BOOL, False, doc="keep generating after EOS, up to response_length"),
     Key("critic.model.enable_gradient_checkpointing", BOOL, True),
     Key("critic.model.fsdp_config.param_offload", BOOL, False, profiles=("legacy",)),
     Key("critic.model.fsdp_config.optimizer_offload", BOOL, False, profiles=("legacy",)),

@@ -2,11 +2,11 @@
 ``ActorRolloutRefWorker``), so a trainer needs one worker group and the rollout samples from the updated policy.
 
 Design: the actor/ref (``labkit.rl.actor.ActorWorker``, FSDP2 over mesh "actor" = (dp, sp)) is the worker itself; the
-rollout is a ``labkit.rl.rollout.RolloutWorker`` held inside it (its own TP-sharded copy of the model, mesh "rollout" =
-(dp, infer_tp, infer_pp)), whose dispatch info is re-registered on the hybrid worker. Both use ``self.model`` and
+rollout is a ``labkit.rl.rollout.RolloutWorker`` held inside it (its share of one rollout engine, vLLM or HF, mesh
+"rollout" = (dp, infer_tp, infer_pp)), whose dispatch info is re-registered on the hybrid worker. Both use
 ``self.dp_rank`` for different meshes, so composition (not multiple inheritance) keeps them apart. ``update_weights``
-copies the actor's full weights into the rollout copy (all-gather of the FSDP shards, then re-sharded for TP), as
-verl's ``checkpoint_manager.update_weights`` / FSDP sharding manager does after every ``update_actor``.
+gathers the actor's full weights (all-gather of the FSDP shards) and loads them into the live engine
+(``labkit.rl.weight_sync``), as verl's ``checkpoint_manager.update_weights`` does after every ``update_actor``.
 Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker (role "actor_rollout_ref", hybrid_engine=True).
 """
 
@@ -20,8 +20,9 @@ import torch
 
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
+from labkit.rl import weight_sync
 from labkit.rl.actor import ActorWorker
-from labkit.rl.rollout import RolloutWorker, load_rollout_model
+from labkit.rl.rollout import RolloutWorker
 from labkit.runtime.dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 
 
@@ -52,33 +53,31 @@ class ActorRolloutRefWorker(ActorWorker):
 
     @register(make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """HF generate on this rank's rollout TP shard (every TP rank of a replica gets the same rows)."""
+        """This rank's engine generates its replica's rows (every TP rank of a replica gets the same rows)."""
         return self.rollout._generate(prompts)
 
     @register(Dispatch.ONE_TO_ALL)
     def update_weights(self) -> dict[str, Any]:
-        """Actor → rollout weight sync: all-gather the FSDP2 shards, load them into a new rollout model, TP-shard it.
-        Mirrors verl's FSDP sharding manager / checkpoint_manager.update_weights (after update_actor)."""
-        from labkit.model.tp_parallel import shard_model_for_tp
-
+        """Actor → rollout weight sync: all-gather the FSDP2 shards into full tensors, load them into this rank's
+        engine (vLLM: in place; HF: a fresh TP-sharded copy). Mirrors verl's checkpoint_manager.update_weights
+        (after update_actor)."""
         t0 = time.perf_counter()
-        full = {n: p.full_tensor().detach().float() for n, p in self.model.named_parameters()}
-        model, _ = load_rollout_model(self.s.model_path, self.rollout.dtype)
-        missing, unexpected = model.load_state_dict(full, strict=False)
-        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(
-                f"rank {self.rank}: actor and rollout weights differ: missing {missing}, unexpected {unexpected}"
-            )
-        if self.rollout.tp > 1:
-            shard_model_for_tp(model, self.rollout.tp_group)
-        self.rollout.model = model.eval()
+        full = weight_sync.full_state_dict(self.model)
+        t1 = time.perf_counter()
+        loaded = self.rollout.engine.update_weights(full)
         return {
             "rank": self.rank,
+            "engine": self.rollout.engine.name,
             "params": sum(v.numel() for v in full.values()),
-            "digest": float(sum(v.double().sum() for v in full.values())),
+            "digest": weight_sync.digest(full),
+            "gather_s": t1 - t0,
+            **loaded,
             "seconds": time.perf_counter() - t0,
         }
+
+    def shutdown(self) -> dict[str, Any] | None:
+        """The rollout engine's shutdown (called by the rank's host before its process group goes)."""
+        return self.rollout.shutdown()
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_memory(self) -> dict[str, Any]:

@@ -383,6 +383,23 @@ def guarded(name: str, group: Any = None, timeout_s: float | None = None, count:
             collective_log_module.end(event, "interrupted")
 
 
+@contextmanager
+def waiting_on(name: str, group: Any = None) -> Iterator[None]:
+    """Publish "this rank waits on the peers of ``group`` in ``name``, with no timeout" while the block runs: code that
+    synchronises outside labkit's collectives (a vLLM engine's TP all-reduces). The driver's watchdog then knows such
+    a rank can never finish once a peer has raised, and reports the peer's error at once. Exceptions pass unchanged."""
+    global _INFLIGHT
+    t0 = time.monotonic()
+    with _LOCK:
+        _INFLIGHT = {"collective": name, "group": group_ranks(group), "stage": None, "micro_batch": None,
+                     "call": None, "t0": t0, "timeout_s": None, "unbounded": True}  # fmt: skip
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _INFLIGHT = None if _INFLIGHT is None or _INFLIGHT["t0"] == t0 else _INFLIGHT
+
+
 def _wait(work: Any, timeout: float) -> None:
     work.wait(datetime.timedelta(seconds=timeout))
 

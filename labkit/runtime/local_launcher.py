@@ -21,6 +21,7 @@ from multiprocessing import util as mp_util
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+from labkit.runtime import rank_files
 from labkit.runtime.rank_host import RankHost, error_envelope, not_ready_envelope
 
 __all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
@@ -118,13 +119,15 @@ DRIVER_POLL_S = 0.5  # how often a rank checks that its driver is still alive
 def _exit_without_driver(driver_pid: int, driver_tempdir: str | None) -> None:
     """Exit this rank once its driver is gone: a SIGKILLed driver cannot close its ranks, and a rank busy in a call
     never reads the pipe that would tell it (os._exit: no cleanup can be trusted without the driver). The driver's
-    multiprocessing folder (/tmp/pymp-*, the fork server's socket), which only the driver's exit removes, goes too."""
+    multiprocessing folder (/tmp/pymp-*, the fork server's socket), which only the driver's exit removes, goes too, and
+    so does what the group's ranks registered (``labkit.runtime.rank_files``)."""
     while pid_alive(driver_pid):
         time.sleep(DRIVER_POLL_S)
     own_tempdir = mp_process.current_process()._config.get("tempdir")  # made by this rank; os._exit skips its cleanup
     for folder in (driver_tempdir, own_tempdir):
         if folder and os.path.basename(folder).startswith("pymp-"):
             shutil.rmtree(folder, ignore_errors=True)
+    rank_files.sweep(rank_files.group_dir())  # what the group's ranks made outside their processes
     os._exit(70)
 
 

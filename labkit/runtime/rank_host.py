@@ -202,8 +202,17 @@ class RankHost:
         return out
 
     def shutdown(self) -> dict[str, Any]:
-        """Destroy the process group; reports whether none is left."""
+        """The worker's own ``shutdown()`` first (e.g. a rollout engine), then destroy the process group; reports
+        whether none is left. Idempotent: the local launcher calls it again when the rank's loop ends."""
+        out: dict[str, Any] = {"rank": self.rank, "pid": self.pid}
+        stop = getattr(self.worker, "shutdown", None)
+        if callable(stop) and not getattr(self, "_worker_stopped", False):
+            self._worker_stopped = True
+            try:
+                out["worker"] = stop()
+            except BaseException as exc:
+                out["worker_error"] = repr(exc)
         try:
-            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": dist.teardown()}
+            return {**out, "pg_destroyed": dist.teardown()}
         except BaseException as exc:
-            return {"rank": self.rank, "pid": self.pid, "pg_destroyed": False, "error": repr(exc)}
+            return {**out, "pg_destroyed": False, "error": repr(exc)}

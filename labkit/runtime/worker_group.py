@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from labkit.runtime import dist
+from labkit.runtime import dist, rank_files
 from labkit.runtime.dispatch import (
     Dispatch,
     Execute,
@@ -142,7 +142,7 @@ class WorkerGroup:
         self.worker_cls, self.world_size = worker_cls, world_size
         self.timeout_s, self.collective_timeout_s = timeout_s, collective_timeout_s
         self.trace = StepTrace(profile=profile, source="live")
-        self.closed, self.teardown, self.pids = False, [], [None] * world_size
+        self.closed, self.teardown, self.pids, self.swept = False, [], [None] * world_size, []
         self._owns_ray, self._launcher, self._broken, self._stage = False, None, None, None
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
@@ -155,6 +155,8 @@ class WorkerGroup:
             check_importable(worker_cls)
         backend, device_kind = dist.choose_backend(world_size, backend)
         self.backend, self.device_kind = backend, device_kind
+        self.group_dir = rank_files.new_group_dir()  # what ranks make outside their process is listed here
+        env = {**(env or {}), rank_files.ENV: self.group_dir}
         port = dist.free_port()
         host_kwargs = [
             dict(
@@ -215,6 +217,7 @@ class WorkerGroup:
                 self.teardown = self._launcher.close(graceful_s=3.0)
                 wait_gone([p for p in self._launcher.pids if p], 10.0)
         finally:
+            self.swept = rank_files.sweep(getattr(self, "group_dir", None))
             if self._owns_ray:
                 from labkit.runtime.ray_launcher import stop_ray
 
@@ -313,6 +316,8 @@ class WorkerGroup:
         t0 = time.monotonic()
         next_watch = t0 + self.collective_timeout_s
         death_seen: float | None = None
+        raised_seen: float | None = None  # when a rank first raised a plain exception
+        next_stuck = t0
         peers_failed: float | None = None  # when a rank first reported a failed collective
         while True:
             results = self._launcher.poll(handle, 0.1)
@@ -339,11 +344,22 @@ class WorkerGroup:
                         failed + silent + [_abandoned(r, method, "a peer failed") for r in answering], stage
                     )
                 peers_failed = now  # the others still answer: they reach the collective and time out on their own
+            raised = {e["rank"] for e in failed if not (e.get("collective") or e.get("died") or e.get("pending"))}
+            raised_seen = raised_seen or (now if raised else None)
+            if raised_seen is not None and now - raised_seen > GRACE_S and now >= next_stuck:
+                next_stuck = now + 0.5  # peers of a raised rank that wait with no timeout (dist.waiting_on)
+                stuck = [r for r, st in self._launcher.status(pending, timeout=1.0).items()
+                         if ((st or {}).get("inflight") or {}).get("unbounded")
+                         and raised & set(st["inflight"]["group"])]  # fmt: skip
+                if stuck:
+                    self._broken = f"ranks {stuck} wait forever on a peer that raised"
+                    why = "it waits with no timeout on a peer that raised"
+                    raise root_cause(failed + [_abandoned(r, method, why) for r in pending], stage)
             if now >= next_watch:
                 next_watch = now + 0.5
                 for rank, st in self._launcher.status(pending, timeout=1.0).items():
                     inf = (st or {}).get("inflight")
-                    if inf and inf["elapsed_s"] > inf["timeout_s"] + GRACE_S:
+                    if inf and inf.get("timeout_s") is not None and inf["elapsed_s"] > inf["timeout_s"] + GRACE_S:
                         self._broken = f"rank {rank} hung in {inf['collective']}"
                         env = {
                             "ok": False,

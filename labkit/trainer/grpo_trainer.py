@@ -3,7 +3,8 @@
 ``GRPOTrainer`` starts one group of hybrid-engine workers (``labkit.rl.hybrid_worker.ActorRolloutRefWorker``: actor,
 reference and rollout colocated on the same ranks, as verl's default) and runs, per ``step()``: gen → balance →
 reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.rl.reward.apply_kl_penalty`` first when
-``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``.
+``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``. With the
+vLLM engine, the step also logs verl's ``training/rollout_probs_diff_*`` (``labkit.rl.rollout_metrics``).
 ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
 collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
 With ``trainer.use_v1=true`` (engine) the step is verl 0.9.1's v1 loop (``labkit.trainer.v1_batch``: agent-loop
@@ -33,12 +34,13 @@ from labkit.rl import actor_client, rollout
 from labkit.rl.algo import agg_loss, grpo_outcome_advantage
 from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
+from labkit.rl.rollout_metrics import rollout_probs_diff
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
-from labkit.trainer import v1_batch
+from labkit.trainer import engine_setup, v1_batch
 from labkit.trainer.live_rollout import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
 from labkit.trainer.live_rollout import sizes
-from labkit.trainer.step_metrics import _Progress, data_metrics
+from labkit.trainer.step_metrics import _Progress, data_metrics, sync_metrics
 
 DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO step needs
     "algorithm.adv_estimator=grpo",
@@ -70,8 +72,8 @@ LIVE_MEMORY_PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
 
 def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
     """The memory model of labkit's CPU ranks: the tiny shape in fp32, FSDP2 over W ranks (one layer gathered at a
-    time), sdpa's dense mask, the PyTorch log-softmax, a reference always built; generate runs labkit's own engine,
-    so only the FSDP phases are predicted."""
+    time), sdpa's dense mask, the PyTorch log-softmax, a reference always built; generate runs the rollout engine
+    (its plan: ``labkit.plan.rollout_engine``), so only the FSDP phases are predicted."""
     return MemorySettings.from_config(
         cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
         gathered_layers=1, need_ref=True, need_critic=False,
@@ -130,13 +132,8 @@ class GRPOTrainer:
         self.trace: StepTrace | None = None
         self.lengths: list[int] | None = None
         self.tokenizer = rollout.load_tokenizer()
-        roll = dict(
-            tp=s.geo.rollout_tp,
-            rdp=s.geo.rollout_dp,
-            pp=s.geo.rollout_pp,
-            prompt_length=s.geo.prompt_length,
-            response_length=s.geo.response_length,
-        )
+        roll = engine_setup.rollout_kwargs(self.cfg)
+        self.engine = roll["name"]  # the engine that runs (vllm falls back to hf where it is not installed)
         bar = _Progress(2, "start-up", progress, on_stage)
         bar.stage(f"starting {s.geo.world_size} ranks ({launcher})")
         try:
@@ -148,6 +145,7 @@ class GRPOTrainer:
                 collective_timeout_s=collective_timeout_s,
                 profile=self.cfg.profile,
                 init_kwargs=dict(rollout=roll, **self.settings.as_dict()),
+                env=engine_setup.rank_env(self.engine),
             )
             bar.advance()
             bar.stage("init_model: load the model, shard it (FSDP2, rollout TP)")
@@ -225,6 +223,8 @@ class GRPOTrainer:
                     )
                     old.pop(batch_keys=["entropys"])
                     batch.union(old)
+                    if "rollout_log_probs" in batch.batch.keys():  # the engine's log-probs vs the actor's
+                        metrics.update(rollout_probs_diff(batch))
                 mem["old_log_prob"] = self._memory()
                 if use_ref:
                     with self._timer("ref", timing, bar):
@@ -257,6 +257,7 @@ class GRPOTrainer:
                 mem["update_actor"] = self._memory()
                 with self._timer("update_weights", timing, bar):
                     self.synced = self.wg.update_weights()
+                metrics.update(sync_metrics(self.synced))
         finally:
             bar.close()
         kept = batch.select_idxs(v1_batch.real_rows(batch))  # v1: data metrics leave the padding rows out

@@ -19,6 +19,7 @@ from labkit.rl import rollout
 from labkit.rules.geometry import ARR, BatchGeometry
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trainer import engine_setup
 from labkit.trainer.step_metrics import _Progress
 
 DEFAULT_OVERRIDES = (
@@ -28,12 +29,15 @@ DEFAULT_OVERRIDES = (
     f"{ARR}.rollout.tensor_model_parallel_size=1",
     "data.max_prompt_length=24",
     "data.max_response_length=32",
+    f"{ARR}.rollout.dtype=float32",  # the fp32 tiny model, like labkit's actor
+    f"{ARR}.rollout.enforce_eager=true",  # no inductor compile of the engine on a CPU
 )
 RETURNED = "generate:returned"
 
 
 def rollout_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
-    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens) plus overrides.
+    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens, an fp32 eager engine)
+    plus overrides.
     Engine defaults say ``trainer.use_v1=false``: the live rollout's per-rank partition is the v0 loop's dispatch."""
     if isinstance(cfg, VerlConfig):
         return cfg
@@ -50,6 +54,7 @@ class RolloutSizes:
     temperature: float
     top_k: int
     top_p: float
+    engine: str = "vllm"
 
     def as_dict(self) -> dict[str, Any]:
         """Flat, for a trace summary."""
@@ -57,7 +62,8 @@ class RolloutSizes:
 
 
 def sizes(cfg: VerlConfig) -> RolloutSizes:
-    """The geometry and sampling settings of the live rollout (``rollout.do_sample``, temperature, top_k, top_p)."""
+    """The geometry and sampling settings of the live rollout (``rollout.do_sample``, temperature, top_k, top_p)
+    and the engine (``rollout.name``)."""
     g = cfg.get
     return RolloutSizes(
         BatchGeometry.from_config(cfg),
@@ -65,6 +71,7 @@ def sizes(cfg: VerlConfig) -> RolloutSizes:
         g(f"{ARR}.rollout.temperature"),
         g(f"{ARR}.rollout.top_k"),
         g(f"{ARR}.rollout.top_p"),
+        g(f"{ARR}.rollout.name"),
     )
 
 
@@ -112,7 +119,7 @@ def generate_stage_ok(pred: StepTrace, obs: StepTrace, out: DataProto) -> list[s
 
 
 class LiveRollout:
-    """A worker group of W RolloutWorkers for one config (model loaded and TP-sharded), kept open for several runs."""
+    """A worker group of W RolloutWorkers for one config (one engine per rollout TP group), kept open for several runs."""
 
     def __init__(
         self,
@@ -142,6 +149,8 @@ class LiveRollout:
         self, launcher: str, model_path: str | None, timeout_s: float, collective_timeout_s: float, bar: Any, t0: float
     ) -> None:
         s = self.sizes
+        kwargs = engine_setup.rollout_kwargs(self.cfg, model_path)
+        self.engine = kwargs["name"]  # the engine that runs (vllm falls back to hf where it is not installed)
         self.wg = WorkerGroup(
             rollout.RolloutWorker,
             s.geo.world_size,
@@ -149,14 +158,8 @@ class LiveRollout:
             timeout_s=timeout_s,
             collective_timeout_s=collective_timeout_s,
             profile=self.cfg.profile,
-            init_kwargs=dict(
-                tp=s.geo.rollout_tp,
-                rdp=s.geo.rollout_dp,
-                pp=s.geo.rollout_pp,
-                prompt_length=s.geo.prompt_length,
-                response_length=s.geo.response_length,
-                model_path=model_path,
-            ),
+            init_kwargs=kwargs,
+            env=engine_setup.rank_env(self.engine),
         )
         self.timings["group_up_s"] = time.perf_counter() - t0
         bar.advance()
@@ -235,6 +238,7 @@ class LiveRollout:
             seed=seed,
             generate_s=elapsed,
             tp_groups=self.tp_groups,
+            engine=self.engine,
             weights=self.info[0]["weights"],
             **self.timings,
         )

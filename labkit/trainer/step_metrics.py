@@ -1,5 +1,5 @@
 """What a GRPO step logs from its batch on the driver, and its progress bar: verl's data metrics (critic/score,
-response_length, prompt_length, …) and a tqdm bar when tqdm is installed. Used by ``labkit.trainer.grpo_trainer``.
+response_length, prompt_length, …), the weight sync's seconds and a tqdm bar when tqdm is installed. Used by ``labkit.trainer.grpo_trainer``.
 Mirrors verl/trainer/ppo/metric_utils.py: compute_data_metrics.
 """
 
@@ -47,6 +47,19 @@ def data_metrics(
         out.update(_stats(name, seq, nan_ok))
         out[f"{name}/clip_ratio"] = float((seq == top).float().mean()) if seq.numel() else float("nan")
     out["response/aborted_ratio"] = float((~kept).float().mean())
+    return out
+
+
+def sync_metrics(synced: list[dict]) -> dict[str, float]:
+    """The weight sync of a step, slowest rank: ``weight_sync/seconds`` (gather + load), ``weight_sync/gather_s``
+    (all-gather of the FSDP2 shards), ``weight_sync/load_s`` (into the engine: vLLM's reload_weights, the tied-head
+    refresh and the prefix-cache reset; HF: a fresh TP-sharded copy). labkit's names: verl logs the whole sync as
+    ``timing_s/update_weights`` only."""
+    out = {}
+    for key in ("seconds", "gather_s", "load_s"):
+        values = [float(r[key]) for r in synced if key in r]
+        if values:
+            out[f"weight_sync/{key}"] = max(values)
     return out
 
 
