@@ -65,10 +65,20 @@ def is_tracked(root: str | Path, path: str) -> bool:
 
 def pre_save_hook(model: dict, path: str, contents_manager, **kwargs) -> None:
     """Jupyter's ``ContentsManager.pre_save_hook``: a notebook git tracks is saved without its outputs (they stay on
-    screen until the tab closes); any other file is saved as it is."""
-    if model.get("type") == "notebook" and model.get("content") is not None:
-        if is_tracked(getattr(contents_manager, "root_dir", "."), path):
-            strip(model["content"], split_source=False)
+    screen until the tab closes) and keeps the kernelspec it has on disk when the kernel is the same one (JupyterLab
+    rewrites its display name); any other file is saved as it is."""
+    nb = model.get("content")
+    root = Path(getattr(contents_manager, "root_dir", "."))
+    if model.get("type") != "notebook" or nb is None or not is_tracked(root, path):
+        return
+    strip(nb, split_source=False)
+    try:
+        on_disk = json.loads((root / path).read_text()).get("metadata", {}).get("kernelspec")
+    except (OSError, ValueError):
+        return
+    spec = nb.get("metadata", {}).get("kernelspec")
+    if isinstance(on_disk, dict) and isinstance(spec, dict) and on_disk.get("name") == spec.get("name"):
+        nb["metadata"]["kernelspec"] = on_disk
 
 
 def filter_config(root: str | Path, python: str | None = None) -> dict[str, str]:
