@@ -52,6 +52,16 @@ def tree_cpu_s() -> float:
     return total
 
 
+def lab_processes() -> list[str]:
+    """Command lines of this process's descendants that belong to a lab run: Chromium, Playwright's driver, the
+    Jupyter server, kernels."""
+    from _procs import cmdline, descendants
+
+    marks = ("chromium", "playwright", "jupyterlab", "ipykernel_launcher")
+    found = [cmdline(p) for p in descendants(os.getpid()) - {os.getpid()}]
+    return [c[:120] for c in found if any(m in c for m in marks)]
+
+
 def chromium_path() -> str | None:
     """Debian's Chromium (``apt-get install chromium``); Playwright's own browser downloads are never used."""
     return shutil.which("chromium") or shutil.which("chromium-browser")
@@ -202,6 +212,9 @@ JS_HELPERS = """() => {
                       return true; },
     dirty: (path) => find(path).context.model.dirty,
     close: (path) => { find(path).close(); return true; },
+    // close without saving: an opened notebook can be marked changed (JupyterLab fills in its metadata), and a
+    // changed one asks before it closes
+    discard: (path) => { const w = find(path); w.context.model.dirty = false; w.close(); return true; },
     toast: () => document.body.innerText.includes('official Jupyter news'),
     // the notebook gets the page's width (the file browser folds away; after the layout is restored)
     collapseLeft: () => { if (!app.shell.leftCollapsed) app.commands.execute('application:toggle-left-area');
@@ -224,12 +237,18 @@ def install_helpers(page) -> None:
     page.evaluate(JS_HELPERS)
 
 
-def run_notebook(page, path: str, params: str = "", timeout_s: float = 120) -> list[dict]:
-    """Open ``path`` (or use its open tab), append ``params`` to its parameters cell (as papermill injects them), run
-    all cells, wait until none is queued or running, and put the parameters cell back. Returns the cells' JSON."""
+def open_notebook(page, path: str) -> int:
+    """Open ``path`` (or use its open tab), wait until its kernel is idle; return how many cells the page shows."""
     page.evaluate("p => window.__lab.find(p) ? true : window.__lab.open(p)", path)
     page.wait_for_function("p => window.__lab.ready(p)", arg=path, timeout=60_000)
     page.evaluate("() => window.__lab.collapseLeft()")
+    return page.evaluate("p => window.__lab.find(p).content.widgets.length", path)
+
+
+def run_notebook(page, path: str, params: str = "", timeout_s: float = 120) -> list[dict]:
+    """Open ``path`` (or use its open tab), append ``params`` to its parameters cell (as papermill injects them), run
+    all cells, wait until none is queued or running, and put the parameters cell back. Returns the cells' JSON."""
+    open_notebook(page, path)
     original = page.evaluate("p => window.__lab.source(p, 1)", path)
     if params:
         page.evaluate("([p, s]) => window.__lab.setSource(p, 1, s)", [path, original + "\n" + params])
@@ -241,9 +260,10 @@ def run_notebook(page, path: str, params: str = "", timeout_s: float = 120) -> l
     return page.evaluate("p => window.__lab.cells(p)", path)
 
 
-def save_and_close(page, path: str) -> None:
-    """Save the notebook (outputs included), wait until it is clean, close its tab (its kernel shuts down)."""
-    page.evaluate("p => window.__lab.save(p)", path)
-    page.wait_for_function("p => !window.__lab.dirty(p)", arg=path, timeout=30_000)
-    page.evaluate("p => window.__lab.close(p)", path)
+def save_and_close(page, path: str, save: bool = True) -> None:
+    """Save the notebook and wait until it is clean (``save``), close its tab (its kernel shuts down)."""
+    if save:
+        page.evaluate("p => window.__lab.save(p)", path)
+        page.wait_for_function("p => !window.__lab.dirty(p)", arg=path, timeout=30_000)
+    page.evaluate("p => window.__lab.close(p)" if save else "p => window.__lab.discard(p)", path)
     page.wait_for_function("p => !window.__lab.find(p)", arg=path, timeout=10_000)

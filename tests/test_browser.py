@@ -6,7 +6,7 @@ verdict to what labkit predicts and redraw a plot; the first DOM change after ea
 (MutationObserver + performance.now()) and must come within ``LATENCY_BOUND_MS``. Every other notebook then runs all
 its cells in the browser (with small parameters where its defaults are slow; papermill runs the defaults in
 tests/test_notebooks.py) and fails on an error output outside a cell tagged ``raises-exception`` or on a console
-error. Each notebook is then saved (the lab's save hook stores a notebook git tracks without its outputs) and closed:
+error; the live notebooks (``LIVE``) are only opened and rendered unless LABKIT_BROWSER_LIVE=1. Each notebook is then saved (the lab's save hook stores a notebook git tracks without its outputs) and closed:
 ``git status`` of the served repository must stay clean, and the closed tabs must leave no kernel. Screenshots, the
 latencies and the server log go to artifacts/browser/ (git-ignored).
 
@@ -46,6 +46,12 @@ BROWSER_PARAMS = {
     "06_live_step": "STEPS = 1\nLEARN_STEPS = 4",
     "08_hangs": "REAL_FSDP = False\nDRAWS = 8",
 }
+# The live notebooks run in the browser only with LABKIT_BROWSER_LIVE=1: with the small parameters above they take
+# about 2.5 of the test's 4.5 minutes on 2 busy cores (about 200 of 270 CPU-s), past its budget, and papermill runs
+# them in tests/test_notebooks.py anyway. Without it they are opened, rendered and closed, not run.
+LIVE = {"06_live_step", "07_oom_debugging", "08_hangs"}
+RUN_LIVE = os.environ.get("LABKIT_BROWSER_LIVE") == "1"
+RAN: set[str] = set()  # the notebooks this run executed and saved (the git check below looks at these)
 # The issue's goal is 100 ms from key press to the first DOM change. On CI's 2 busy cores a move pays the websocket
 # round trip, the kernel's check + plan and the re-render, so the test bounds the median move and the slowest one.
 LATENCY_BOUND_MS = {"median": 250.0, "max": 1000.0}
@@ -95,6 +101,10 @@ def lab(tmp_path_factory):
             yield server, page, console_errors
             (ARTIFACTS / "server.log").write_text(server.log.read_text())
     assert server.proc.poll() is not None
+    deadline = time.monotonic() + 10  # the browser, its driver, the server and its kernels: all gone
+    while (left := jl.lab_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left running: {left}"
     print(f"browser test: {time.perf_counter() - t_start:.0f} s, {jl.tree_cpu_s() - cpu_start:.0f} CPU-s in all")
 
 
@@ -109,8 +119,16 @@ def _check_cells(name: str, cells: list[dict]) -> None:
     assert code and not not_run, f"{name}: a cell did not run: {not_run[:1]}"
 
 
+# JupyterLab's own noise, not the notebook's: its debugger asks a new kernel for its state, and a tab closed before the
+# answer (a notebook only opened) cancels the request
+BENIGN_CONSOLE = ("Could not restore the debugger state: Canceled future for debug_request",)
+
+
 def _no_console_errors(name: str, errors: list[str]) -> None:
-    found = list(errors)
+    """No console error since the last check, but the benign ones (each notebook closes before this is called, so
+    errors its closing raises are its own)."""
+    time.sleep(0.5)
+    found = [e for e in errors if not e.startswith(BENIGN_CONSOLE)]
     errors.clear()
     assert not found, f"{name}: console errors in the page: {found[:5]}"
 
@@ -281,20 +299,25 @@ def _drive_start_here(page, path: str) -> list[float]:
 def test_start_notebook_runs_and_its_widgets_answer(lab):
     server, page, console_errors = lab
     t0, cpu0 = time.perf_counter(), jl.tree_cpu_s()
-    cells = jl.run_notebook(page, START, timeout_s=RUN_TIMEOUT_S)
-    print(f"{START}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
-    _check_cells(START, cells)
-    assert not page.evaluate("() => window.__lab.toast()"), "the news toast covers the notebook"
-    if START_HERE:
-        _readme_picture(page)
-    latencies = (_drive_start_here if START_HERE else _drive_four_layers_panel)(page, START)
+    done = False
+    try:
+        cells = jl.run_notebook(page, START, timeout_s=RUN_TIMEOUT_S)
+        print(f"{START}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
+        _check_cells(START, cells)
+        assert not page.evaluate("() => window.__lab.toast()"), "the news toast covers the notebook"
+        if START_HERE:
+            _readme_picture(page)
+        latencies = (_drive_start_here if START_HERE else _drive_four_layers_panel)(page, START)
+        done = True
+    finally:  # a failure here must not leave the tab (and its kernel) to the next tests
+        jl.save_and_close(page, START, save=done)
+    RAN.add(START)
     summary = {"ms": [round(x, 1) for x in latencies], "median": round(statistics.median(latencies), 1)}
     (ARTIFACTS / "widget_latency.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"widget latency, key press to first DOM change: {summary}")
     _no_console_errors(START, console_errors)
     assert summary["median"] <= LATENCY_BOUND_MS["median"], summary
     assert max(latencies) <= LATENCY_BOUND_MS["max"], summary
-    jl.save_and_close(page, START)
 
 
 # ---- every other notebook -------------------------------------------------------------------------------------
@@ -304,13 +327,24 @@ def test_start_notebook_runs_and_its_widgets_answer(lab):
 def test_notebook_runs_in_the_browser(lab, path):
     server, page, console_errors = lab
     stem = Path(path).stem
-    t0, cpu0 = time.perf_counter(), jl.tree_cpu_s()
-    cells = jl.run_notebook(page, path, BROWSER_PARAMS.get(stem, ""), timeout_s=RUN_TIMEOUT_S)
-    print(f"{path}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
-    page.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
-    _check_cells(path, cells)
+    run = stem not in LIVE or RUN_LIVE
+    t0, cpu0, done = time.perf_counter(), jl.tree_cpu_s(), False
+    try:
+        if run:
+            cells = jl.run_notebook(page, path, BROWSER_PARAMS.get(stem, ""), timeout_s=RUN_TIMEOUT_S)
+            print(f"{path}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
+        else:
+            shown = jl.open_notebook(page, path)
+            assert shown == len(json.loads((server.root / path).read_text())["cells"])
+            print(f"{path}: opened, not run (LABKIT_BROWSER_LIVE=1 runs it)")
+        page.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
+        done = run
+    finally:  # saved only after a whole run; closed in any case (its kernel shuts down)
+        jl.save_and_close(page, path, save=done)
+    if run:
+        _check_cells(path, cells)
+        RAN.add(path)
     _no_console_errors(path, console_errors)
-    jl.save_and_close(page, path)
 
 
 def test_saved_notebooks_leave_git_clean_and_no_kernel(lab):
@@ -318,7 +352,8 @@ def test_saved_notebooks_leave_git_clean_and_no_kernel(lab):
     and closed: git sees no change, and no kernel is left."""
     server, page, _ = lab
     root = server.root
-    unsaved = [p.name for p in (root / "notebooks").glob("*.ipynb") if p.stat().st_mtime <= server.started]
+    assert len(RAN) >= 2, RAN
+    unsaved = [p for p in sorted(RAN) if (root / p).stat().st_mtime <= server.started]
     assert not unsaved, f"not saved: {unsaved}"
     status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
     diff = subprocess.run(["git", "-C", str(root), "diff"], capture_output=True, text=True).stdout

@@ -144,7 +144,7 @@ def test_launch_command(capsys):
     assert lab_server.main(["--port", "8891", "--root", str(ROOT), "--dry-run"]) == 0
     cmd = capsys.readouterr().out
     assert "--ip=127.0.0.1 --port=8891 --ServerApp.port_retries=0" in cmd
-    assert f"--ServerApp.default_url=/lab/tree/{lab_server.start_notebook(ROOT)}" in cmd
+    assert f"--LabApp.default_url=/lab/tree/{lab_server.start_notebook(ROOT)}" in cmd
 
 
 def test_taken_port_messages():
@@ -183,6 +183,9 @@ def test_make_lab_serves_the_start_notebook_and_never_moves_port(tmp_path):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.3)
+        token = url.split("?token=")[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=10) as r:
+            assert r.geturl().split("?")[0] == url.split("?")[0]  # the server's root redirects to the start notebook
         again = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=60)
         assert again.returncode == 0 and f"open {url}" in again.stdout, (again.stdout, again.stderr)
         jupyter = lab_server.lab_argv(ROOT, port, lab_server.start_notebook(ROOT), ["--no-browser"])

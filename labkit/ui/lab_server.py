@@ -57,7 +57,7 @@ def lab_argv(root_dir: str | Path, port: int, open_path: str, extra: list[str] |
     ``open_path``. The token comes from ``JUPYTER_TOKEN`` in the environment (not the command line, which ``ps``
     shows to every user)."""
     argv = [sys.executable, "-m", "jupyterlab", f"--ip={HOST}", f"--port={port}", "--ServerApp.port_retries=0"]
-    argv += [f"--ServerApp.root_dir={Path(root_dir).resolve()}", f"--ServerApp.default_url=/lab/tree/{open_path}"]
+    argv += [f"--ServerApp.root_dir={Path(root_dir).resolve()}", f"--LabApp.default_url=/lab/tree/{open_path}"]
     if os.geteuid() == 0:
         argv.append("--allow-root")  # Jupyter refuses root without it; CI and containers run as root
     return argv + list(extra)
