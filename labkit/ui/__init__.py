@@ -5,7 +5,8 @@ and fast construction in ``figure_style``), ipywidgets panels (``panels``, ``bal
 built from ``panel_parts``; a live run's status line in ``live_status``), verl's verdict as a card and the check
 that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), the start-here
 dashboard (``dashboard``: state, view, figures; ``suite``: the notebook map), the blog posts' claims checked by
-running labkit (``seed_claims``, notebook 09), small computations the notebooks need (``lessons``) and the
-JupyterLab settings ``make lab`` writes (``jupyter_settings``). May import every layer below it; nothing imports it
-except notebooks.
+running labkit (``seed_claims``, notebook 09), small computations the notebooks need (``lessons``), and the lab's
+setup: the JupyterLab and server settings ``make venv`` writes (``jupyter_settings``), ``make lab``'s launcher
+(``lab_server``), the notebook git filter and save hook (``notebook_filter``). May import every layer below it;
+nothing imports it except notebooks.
 """
