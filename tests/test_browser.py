@@ -46,9 +46,10 @@ BROWSER_PARAMS = {
     "06_live_step": "STEPS = 1\nLEARN_STEPS = 4",
     "08_hangs": "REAL_FSDP = False\nDRAWS = 8",
 }
-# The live notebooks run in the browser only with LABKIT_BROWSER_LIVE=1: with the small parameters above they take
-# about 2.5 of the test's 4.5 minutes on 2 busy cores (about 200 of 270 CPU-s), past its budget, and papermill runs
-# them in tests/test_notebooks.py anyway. Without it they are opened, rendered and closed, not run.
+# The live notebooks run in the browser only with LABKIT_BROWSER_LIVE=1: even with the small parameters above they
+# take the test past its budget of about 150 s on 2 cores (measured at load 4: 199 s with them, 141 s without; at
+# load 6 they took 147 of 262 s), and papermill runs them in tests/test_notebooks.py. Without it they are opened,
+# rendered and closed, not run.
 LIVE = {"06_live_step", "07_oom_debugging", "08_hangs"}
 RUN_LIVE = os.environ.get("LABKIT_BROWSER_LIVE") == "1"
 RAN: set[str] = set()  # the notebooks this run executed and saved (the git check below looks at these)
@@ -223,7 +224,7 @@ DASH_CODE = ".labkit-dash-verdict [data-verl-code]"
 
 
 def _dash_inputs(root) -> dict:
-    """What the dashboard's controls hold now, as ``labkit.ui.dashboard.state_of`` keywords."""
+    """What the dashboard's controls hold now, as keywords of the dashboard module's ``state_of``."""
     pick = {k: root.query_selector(f".labkit-{k} button.mod-active") for k in ("profile", "loop")}
     values = {k: b.inner_text().strip() for k, b in pick.items() if b is not None}
     for k in ("lengths", "model", "gpu"):

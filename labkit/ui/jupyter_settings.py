@@ -25,7 +25,7 @@ SERVER_CONFIG = {
     },
     "ContentsManager": {"pre_save_hook": "labkit.ui.notebook_filter.pre_save_hook"},
 }
-NAME = "labkit.json"
+NAME = "labkit_lab.json"
 
 
 def lab_settings_dir(prefix: str | Path) -> Path:
@@ -46,7 +46,7 @@ def _write(path: Path, data: dict) -> Path:
 
 
 def write_lab_overrides(settings_dir: str | Path) -> Path:
-    """Write ``LAB_OVERRIDES`` as ``<settings_dir>/overrides.d/labkit.json`` and return its path."""
+    """Write ``LAB_OVERRIDES`` as ``<settings_dir>/overrides.d/labkit_lab.json`` and return its path."""
     return _write(Path(settings_dir) / "overrides.d" / NAME, LAB_OVERRIDES)
 
 
