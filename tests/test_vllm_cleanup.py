@@ -15,6 +15,7 @@ from _vllm_ranks import RAISE_KEY, RaisingRollout
 from test_vllm_parity import OTHER_CACHES, _names, others_ignored
 
 from labkit.rl import engines, rollout
+from labkit.rl.vllm_engine import cache_root
 from labkit.runtime import rank_files
 from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import RankError, WorkerGroup, live_groups
@@ -27,8 +28,7 @@ pytestmark = [
 ]
 
 
-def test_a_rank_that_raises_mid_rollout_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_rank_that_raises_mid_rollout_leaves_nothing():
     WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60).close()  # the fork server, before the baseline
     before, others = run_leftovers(), {p: _names(p) for p in OTHER_CACHES}
     cfg = rollout_config(["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
@@ -57,7 +57,7 @@ def test_a_rank_that_raises_mid_rollout_leaves_nothing(tmp_path, monkeypatch):
     assert not os.path.exists(wg.group_dir) and not set(segments) & set(os.listdir("/dev/shm")), wg.swept
     assert new_leftovers(before, ignore=others_ignored()) == {}
     assert {str(p): _names(p) - names for p, names in others.items()} == {str(p): set() for p in OTHER_CACHES}
-    assert (tmp_path / "cache" / "vllm").is_dir()
+    assert (cache_root() / "vllm" / "modelinfos").is_dir()
     assert not [n for n in os.listdir("/tmp") if n.startswith(rank_files.PREFIX + str(os.getpid()))]
     print(f"vLLM group of 2 (TP=2): cold start {cold:.1f} s; the raise was reported in {took:.1f} s")
     assert Path(wg.group_dir).name.startswith(rank_files.PREFIX)

@@ -4,8 +4,9 @@ of 2 ranks (rollout TP=1: two engines; TP=2: one engine holding half the weights
 Checks: greedy tokens == HF generate on the whole model (before and after an update + weight sync), TP=2 == TP=1
 (greedy and seeded samples), the engine's log-probs of the sampled tokens within 1e-5 of the actor's old_log_prob
 (verl's training/rollout_probs_diff_* logged), the live step's trace == the plan, each rank's share of the weights, the
-KV cache the engine got == the plan's, and nothing left after each group closes. One module run starts two vLLM
-groups (the expensive part); every test reads what they recorded."""
+KV cache the engine got == the plan's, and nothing left after each group closes (vLLM's caches only in labkit's folder,
+``LABKIT_CACHE_DIR`` or ~/.cache/labkit: a warm one saves ~20 s of model inspection per start). One module run starts
+two vLLM groups (the expensive part); every test reads what they recorded."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from _procs import new_leftovers, run_leftovers
 
 from labkit.rl import engines, rollout, rollout_metrics
+from labkit.rl.vllm_engine import cache_root
 from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import WorkerGroup, live_groups
 from labkit.trainer import engine_setup
@@ -76,23 +78,14 @@ def _run(tp: int, batch) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("labkit-cache")
-    saved = os.environ.get("LABKIT_CACHE_DIR")
-    os.environ["LABKIT_CACHE_DIR"] = str(cache)  # the ranks inherit it: vLLM's and inductor's caches go here
+def runs():
     WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60).close()  # the fork server, before any baseline
-    try:
-        batch = rollout.make_gen_batch(8, 11, 24, rollout.load_tokenizer())
-        hf = rollout.reference_generate(batch, 1, do_sample=False, response_length=RESPONSE).batch["responses"]
-        out = {"batch": batch, "hf": hf, "cache": cache, 1: _run(1, batch), 2: _run(2, batch)}
-        for tp in (1, 2):
-            print(f"TP={tp}: cold start {out[tp]['cold_start_s']:.1f} s, one GRPO step {out[tp]['step_s']:.1f} s")
-        yield out
-    finally:
-        if saved is None:
-            os.environ.pop("LABKIT_CACHE_DIR", None)
-        else:
-            os.environ["LABKIT_CACHE_DIR"] = saved
+    batch = rollout.make_gen_batch(8, 11, 24, rollout.load_tokenizer())
+    hf = rollout.reference_generate(batch, 1, do_sample=False, response_length=RESPONSE).batch["responses"]
+    out = {"batch": batch, "hf": hf, 1: _run(1, batch), 2: _run(2, batch)}
+    for tp in (1, 2):
+        print(f"TP={tp}: cold start {out[tp]['cold_start_s']:.1f} s, one GRPO step {out[tp]['step_s']:.1f} s")
+    return out
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -148,4 +141,4 @@ def test_nothing_is_left_after_the_group_closes(runs, tp):
     assert all(r.get("pg_destroyed") is True for r in run["report"]["teardown"]), run["report"]["teardown"]
     assert run["left"] == {}, run["left"]  # no process, /dev/shm segment, /tmp/torchelastic_* or pymp folder
     assert run["other_caches"] == {str(p): set() for p in OTHER_CACHES}
-    assert (runs["cache"] / "vllm").is_dir(), "vLLM's cache goes to labkit's folder"
+    assert (cache_root() / "vllm" / "modelinfos").is_dir(), "vLLM's cache goes to labkit's folder"

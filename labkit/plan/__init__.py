@@ -2,6 +2,7 @@
 
 Holds the planner's per-step state (``context``), the stages before the actor's forward passes
 (``rollout_stages``), the forward and update stages on the actor and critic meshes (``train_stages``), their
-micro-batches (``micro_batches``), which keys drive each stage (``roles``) and the entry point ``step.plan``.
+micro-batches (``micro_batches``), which keys drive each stage (``roles``), the rollout engine's arguments from the
+rollout keys (``rollout_engine``) and the entry point ``step.plan``.
 May import: ``labkit.validate``, ``labkit.balance``, ``labkit.rules``, ``labkit.config``, ``labkit.trace``.
 """

@@ -1,6 +1,6 @@
 """Presentation layer: what the notebooks show.
 
-Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``; their shared look
+Holds plotly figures over a ``StepTrace`` (``figures``, ``balance_figures``, ``rollout_figures``, the rollout engine's ``engine_figures``; their shared look
 and fast construction in ``figure_style``), ipywidgets panels (``panels``, ``balance_panels``, ``trainer_panels``,
 built from ``panel_parts``; a live run's status line in ``live_status``), verl's verdict as a card and the check
 that a demonstrated error occurs (``verdict``), HTML tables (``html_table``, ``plan_tables``), the start-here
