@@ -39,6 +39,7 @@ SECOND: dict[str, dict] = {
         "NEW_TOKENS": 8,
         "DISPATCH": "all_gather",
         "LAUNCHER": "local",
+        "ENGINE": "hf",
     },
     "03_micro_batches": {"RANKS": 8, "SP": 2, "PROFILE": "engine"},
     "04_balance_batch": {"RANKS": 8, "SP": 2, "N_PROMPTS": 32},
@@ -46,7 +47,9 @@ SECOND: dict[str, dict] = {
     "06_live_step": {"N": 2, "SP": 2, "DYNAMIC": True, "STEPS": 1, "LEARN_STEPS": 0},
     "07_oom_debugging": {"MODEL": "Qwen3-8B"},
     "08_hangs": {"TIMEOUT_S": 2.0, "DRAWS": 20, "REAL_FSDP": False},
+    "09_seed_claims": {"POSTS": [2], "NOTES": False},  # run by tests/test_seed_claims.py
     "10_loops_and_versions": {"LENGTHS": "long-reasoning", "SEED": 1},
+    "11_rollout_engine": {"SEED": 1, "N": 2},
 }
 # the notebooks whose second set the suite runs: pure arithmetic, no worker group to start again
 SECOND_IN_SUITE = {"00_start_here", "01_four_layers", "03_micro_batches", "04_balance_batch", "10_loops_and_versions"}
