@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _procs import new_leftovers, run_leftovers
+from _procs import descendants, new_leftovers, run_leftovers
 
 from labkit.rl import engines, rollout, rollout_metrics
 from labkit.rl.vllm_engine import cache_root
@@ -60,6 +60,7 @@ def _run(tp: int, batch) -> dict:
     seen: dict = {"cold_start_s": time.perf_counter() - t0, "plan": engine_setup.engine_plan(tr.cfg)}
     try:
         seen["info"] = [i["rollout"] for i in tr.info]
+        seen["rank_children"] = {pid: sorted(descendants(pid) - {pid}) for pid in tr.wg.pids}  # no EngineCore
         gen = dict(response_length=RESPONSE)
         seen["greedy"] = rollout.generate(tr.wg, batch, 1, do_sample=False, **gen).batch["responses"]
         seen["sampled"] = rollout.generate(tr.wg, batch, 2, seed=3, temperature=1.0, **gen).batch["responses"]
@@ -137,6 +138,7 @@ def test_each_rank_holds_its_share_and_the_planned_kv_cache(runs, tp):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_nothing_is_left_after_the_group_closes(runs, tp):
     run = runs[tp]
+    assert all(children == [] for children in run["rank_children"].values()), run["rank_children"]  # in-process core
     assert run["report"]["left_pids"] == [] and live_groups() == []
     assert all(r.get("pg_destroyed") is True for r in run["report"]["teardown"]), run["report"]["teardown"]
     assert run["left"] == {}, run["left"]  # no process, /dev/shm segment, /tmp/torchelastic_* or pymp folder

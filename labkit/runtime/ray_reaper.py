@@ -2,7 +2,8 @@
 
 Ray's gcs_server and raylet share the driver's fate, but its DashboardAgent and RuntimeEnvAgent linger for minutes
 after a SIGKILL (they poll a raylet that is gone). The reaper polls the driver's pid; when the driver is gone it kills
-every process of the session folder and removes the folder. Standard library only: it runs as a plain script."""
+every process of the session folder and removes the folder, then the driver's worker-group folders with what their
+ranks registered (``rank_files``). Standard library only: it runs as a plain script."""
 
 from __future__ import annotations
 
@@ -67,6 +68,18 @@ def main(driver_pid: int, session_dir: str) -> None:
         except OSError:
             pass
     shutil.rmtree(session_dir, ignore_errors=True)
+    sweep_groups(driver_pid)
+
+
+def sweep_groups(driver_pid: int) -> None:
+    """The driver's worker-group folders and what its ranks registered in them (``rank_files``: shared memory)."""
+    import glob
+    import tempfile
+
+    from rank_files import PREFIX, sweep  # a sibling module, standard library only (this runs as a plain script)
+
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}{driver_pid}-*")):
+        sweep(folder)
 
 
 if __name__ == "__main__":

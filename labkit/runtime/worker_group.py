@@ -6,6 +6,7 @@ func_generator."""
 
 from __future__ import annotations
 
+import atexit
 import time
 import weakref
 from collections.abc import Iterator
@@ -63,6 +64,17 @@ _DP_MODES = (
 def live_groups() -> list[WorkerGroup]:
     """Worker groups created and not yet closed in this process."""
     return [wg for wg in list(_LIVE) if not wg.closed]
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A driver that exits with groups open (a script, a notebook kernel) still closes them: ranks, and what they made
+    outside their processes (``rank_files``)."""
+    for wg in live_groups():
+        try:
+            wg.close()
+        except Exception:  # noqa: BLE001 - the interpreter is going: close what can be closed
+            pass
 
 
 class LiveFuture:
