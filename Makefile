@@ -48,7 +48,7 @@ lab: venv notebook-filter
 	$(PY) -m labkit.ui.lab_server --port $(LAB_PORT) --root $(CURDIR)
 
 test: venv lint notebook-filter
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # git sees notebooks without their outputs (labkit/ui/notebook_filter.py; .gitattributes names the filter)
 notebook-filter: venv
