@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +28,7 @@ from labkit.protocol.data_proto import DataProto
 from labkit.rl import weight_sync
 from labkit.rl.rollout_output import from_token_lists
 from labkit.runtime import dist, rank_files
+from labkit.runtime.ray_launcher import without_rfc3987
 
 ROW_KEY = "rollout_row"  # non-tensor key: each row's index in the generation batch (its sampling seed)
 WORKER_CLS = "labkit.rl.vllm_worker.LabkitCPUWorker"
@@ -111,14 +111,8 @@ def local_param_count(model: torch.nn.Module) -> int:
 def import_llm() -> Any:
     """``vllm.LLM``; the optional rfc3987_syntax module (~2 s of lark parsers, pulled in through ray/jsonschema) is
     skipped as labkit's Ray launcher does."""
-    guard = "rfc3987_syntax" not in sys.modules and os.environ.get("LABKIT_RAY_KEEP_RFC3987", "0") != "1"
-    if guard:
-        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
+    with without_rfc3987():
         from vllm import LLM
-    finally:
-        if guard and sys.modules.get("rfc3987_syntax", 0) is None:
-            del sys.modules["rfc3987_syntax"]
     return LLM
 
 

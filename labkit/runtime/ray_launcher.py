@@ -54,6 +54,20 @@ def _skip_rfc3987() -> bool:
     return os.environ.get("LABKIT_RAY_KEEP_RFC3987", "0") != "1"
 
 
+@contextmanager
+def without_rfc3987() -> Iterator[None]:
+    """Imports inside skip the optional rfc3987_syntax module (~2 s of lark parsers that ray's and vLLM's jsonschema
+    pull in; jsonschema treats it as optional). LABKIT_RAY_KEEP_RFC3987=1 keeps it."""
+    guard = _skip_rfc3987() and "rfc3987_syntax" not in sys.modules
+    if guard:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        yield
+    finally:
+        if guard and sys.modules.get("rfc3987_syntax", 0) is None:
+            del sys.modules["rfc3987_syntax"]
+
+
 def _shim_dir() -> str:
     """A folder whose rfc3987_syntax.py raises ImportError (jsonschema treats the module as optional)."""
     path = os.path.join(tempfile.gettempdir(), f"labkit-ray-shim-{os.getuid()}")
@@ -72,14 +86,8 @@ def import_ray() -> Any:
         os.environ.setdefault(key, value)
     if "ray" in sys.modules:
         return sys.modules["ray"]
-    guard = _skip_rfc3987() and "rfc3987_syntax" not in sys.modules
-    if guard:
-        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
+    with without_rfc3987():
         import ray
-    finally:
-        if guard and sys.modules.get("rfc3987_syntax", 0) is None:
-            del sys.modules["rfc3987_syntax"]
     return ray
 
 
