@@ -80,31 +80,31 @@ class Dashboard:
     """The widgets over ``dashboard_state``: ``update()`` re-reads every control; ``view`` / ``state`` are what is
     shown now. ``background=False`` computes the whole state inside ``update`` (headless runs, tests)."""
 
-    def __init__(
-        self,
-        text: str,
-        profile: str = "engine",
-        loop: str = "v1",
-        lengths: str = "gsm8k-like",
-        model: str = S.AUTO_MODEL,
-        gpu: str = "H100-80GB",
-        background: bool = True,
-    ) -> None:
+    def __init__(self, text: str, *, background: bool = True, **inputs: Any) -> None:
+        """``inputs``: the controls' first values (``dashboard_state.Inputs`` fields: profile, loop, lengths, seed,
+        model, gpu), their defaults otherwise."""
         import ipywidgets as W
 
+        first = replace(S.Inputs(text), **inputs)
         self.background, self._worker, self._lock, self._gen = background, _Worker(), threading.Lock(), 0
         style, wide = {"description_width": "70px"}, W.Layout(width="300px")
         self.text = W.Textarea(value=text, layout=W.Layout(width="100%", height="300px"), continuous_update=True)
-        self.profile = W.ToggleButtons(options=["engine", "legacy"], value=profile, description="profile", style=style)
-        self.loop = W.ToggleButtons(options=["v1", "v0"], value=loop, description="loop", style=style)
+        self.profile = W.ToggleButtons(
+            options=["engine", "legacy"], value=first.profile, description="profile", style=style
+        )
+        self.loop = W.ToggleButtons(options=["v1", "v0"], value=first.loop, description="loop", style=style)
         self.lengths = W.Dropdown(
-            options=[S.NO_LENGTHS, *profile_names()], value=lengths, description="lengths", style=style, layout=wide
+            options=[S.NO_LENGTHS, *profile_names()],
+            value=first.lengths,
+            description="lengths",
+            style=style,
+            layout=wide,
         )
-        self.seed = W.BoundedIntText(value=0, min=0, max=10**6, description="seed", style=style, layout=wide)
+        self.seed = W.BoundedIntText(value=first.seed, min=0, max=10**6, description="seed", style=style, layout=wide)
         self.model = W.Dropdown(
-            options=[S.AUTO_MODEL, *model_names()], value=model, description="model", style=style, layout=wide
+            options=[S.AUTO_MODEL, *model_names()], value=first.model, description="model", style=style, layout=wide
         )
-        self.gpu = W.Dropdown(options=gpu_names(), value=gpu, description="GPU", style=style, layout=wide)
+        self.gpu = W.Dropdown(options=gpu_names(), value=first.gpu, description="GPU", style=style, layout=wide)
         self.metric = W.Dropdown(
             options=[(v, k) for k, v in METRICS.items()],
             value="tokens",
@@ -242,24 +242,17 @@ class Shown:
     view: View
 
 
-def dashboard(
-    text: str,
-    profile: str = "engine",
-    loop: str = "v1",
-    lengths: str = "gsm8k-like",
-    model: str = S.AUTO_MODEL,
-    gpu: str = "H100-80GB",
-    interactive: bool = True,
-) -> Dashboard | Shown:
-    """The dashboard for ``text``: displayed widgets in a live kernel (``interactive``), else that config's view
-    shown as plain outputs. Both results have ``.state`` and ``.view`` (the first view is complete either way)."""
+def dashboard(text: str, interactive: bool = True, **inputs: Any) -> Dashboard | Shown:
+    """The dashboard for ``text`` (``inputs``: ``dashboard_state.Inputs`` fields such as profile, loop, lengths,
+    model, gpu): displayed widgets in a live kernel (``interactive``), else that config's view shown as plain outputs.
+    Both results have ``.state`` and ``.view`` (the first view is complete either way)."""
     if interactive:
         from IPython.display import display
 
-        d = Dashboard(text, profile, loop, lengths, model, gpu)
+        d = Dashboard(text, **inputs)
         display(d.widget)
         return d
-    st = state_of(text, profile=profile, loop=loop, lengths=lengths, model=model, gpu=gpu)
+    st = state_of(text, **inputs)
     shown = Shown(st, render(st))
     show(shown.view)
     return shown
