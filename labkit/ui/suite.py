@@ -44,7 +44,9 @@ NOTEBOOKS = [
     Notebook("06_live_step", "A live GRPO step", "a whole step on real processes, checked against the plan"),
     Notebook("07_oom_debugging", "Why did it OOM?", "memory per phase, the first phase over the GPU, the fixes"),
     Notebook("08_hangs", "Hangs", "reproduce the batch-size hangs, read them rank by rank, predict them"),
-    Notebook("09_seed_claims", "The claims, executed", "every claim of the two blog posts behind the lab, checked by labkit"),
+    Notebook(
+        "09_seed_claims", "The claims, executed", "every claim of the two blog posts behind the lab, checked by labkit"
+    ),
     Notebook("10_loops_and_versions", "Loops and versions", "legacy, engine-v0 and engine-v1 on the same config"),
     Notebook("11_rollout_engine", "The rollout engine", "vLLM as verl runs it: one engine per TP group"),
 ]
