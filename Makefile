@@ -47,8 +47,9 @@ $(STAMP): pyproject.toml Makefile
 lab: venv notebook-filter
 	$(PY) -m labkit.ui.lab_server --port $(LAB_PORT) --root $(CURDIR)
 
+# two test processes (pytest-xdist); --dist loadfile keeps each test file, and its module fixtures, on one of them
 test: venv lint notebook-filter
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
 # git sees notebooks without their outputs (labkit/ui/notebook_filter.py; .gitattributes names the filter)
 notebook-filter: venv

@@ -48,10 +48,47 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def _foreign_holds(ours: set[int]) -> set[str]:
+    """/dev/shm names and /tmp top-level entries that a live process outside ``ours`` holds (maps, has open, works
+    in, or listens in): another job's on this shared machine, never this test's leftovers."""
+    held: set[str] = set()
+    inodes: dict[str, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        pid = int(entry)
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            links.append(os.readlink(f"/proc/{pid}/cwd"))
+            with open(f"/proc/{pid}/maps") as f:
+                links += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line or "/tmp/" in line]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith("socket:["):
+                inodes[link[8:-1]] = pid
+            elif pid not in ours:
+                held |= _named(link)
+    with open("/proc/net/unix") as f:  # a listener's path: held by the process that owns its socket
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and inodes.get(fields[6], -1) not in ours | {-1}:
+                held |= _named(fields[7])
+    return held
+
+
+def _named(path: str) -> set[str]:
+    for root in ("/dev/shm/", "/tmp/"):
+        if path.startswith(root):
+            return {root + path[len(root) :].split("/", 1)[0]}
+    return set()
+
+
 def run_leftovers() -> dict[str, set]:
     """What a run can leave behind: processes below this one, /dev/shm entries, torch's and multiprocessing's /tmp
-    folders, and this process's open sockets."""
-    tmp = {e for e in os.listdir("/tmp") if e.startswith(("torchelastic_", "pymp-"))}
+    folders, and this process's open sockets. Entries another job on the machine holds are not counted."""
+    ours = descendants(os.getpid())
+    foreign = _foreign_holds(ours)
+    tmp = {e for e in os.listdir("/tmp") if e.startswith(("torchelastic_", "pymp-")) and f"/tmp/{e}" not in foreign}
+    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     sockets = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -61,15 +98,16 @@ def run_leftovers() -> dict[str, set]:
         if target.startswith("socket:"):
             sockets.add(target)
     return {
-        "processes": descendants(os.getpid()) - {os.getpid()},
-        "dev_shm": set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set(),
+        "processes": ours - {os.getpid()},
+        "dev_shm": {n for n in shm if f"/dev/shm/{n}" not in foreign},
         "tmp": tmp,
         "sockets": sockets,
     }
 
 
 def new_leftovers(before: dict[str, set], wait_s: float = 10.0, ignore: dict[str, set] | None = None) -> dict:
-    """What appeared since ``before`` and is still there after up to ``wait_s`` (empty dict: nothing)."""
+    """What appeared since ``before`` and is still there after up to ``wait_s`` (empty dict: nothing). Scoped to
+    this test: its own processes and sockets, and the /dev/shm and /tmp entries no other live process holds."""
     import time
 
     deadline = time.monotonic() + wait_s

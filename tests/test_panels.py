@@ -78,6 +78,8 @@ def other_value(c, jumps):
         return c.value + 1
     if isinstance(c, W.Checkbox):
         return not c.value
+    if isinstance(c, W.FloatSlider):
+        return c.value + c.step if c.value + c.step <= c.max else c.value - c.step
     values = [o[1] if isinstance(o, tuple) else o for o in c.options]
     return next(v for v in values if v != c.value)
 
@@ -324,3 +326,38 @@ def test_the_status_line_of_a_live_run_always_ends():
         raise ValueError("rollout.n must be >= 1")
     assert status.state == "failed" and "ValueError: rollout.n must be &gt;= 1" in status.widget.value
     assert not button.disabled
+
+
+def _dashboard():
+    from labkit.ui.dashboard import Dashboard
+
+    board = Dashboard(" ".join(SEED_EXAMPLE), background=False)
+    return board.widget if hasattr(board, "widget") else board
+
+
+def _sp_slices_panel():
+    from labkit.ui.panels import sp_slices_panel
+
+    return sp_slices_panel()
+
+
+CELL_TIME_PANELS = {**{k: v[0] for k, v in PANELS.items()}, "memory": _large_memory_panel, "sp": _sp_slices_panel}
+CELL_TIME_PANELS["dashboard"] = _dashboard
+
+
+@pytest.mark.parametrize("name", list(CELL_TIME_PANELS))
+def test_panels_set_output_state_and_never_capture(name, monkeypatch):
+    """The cause of the headless hang (labkit.ui.widget_outputs): a panel that a cell displays must never capture
+    into an Output (``with out:`` / ``clear_output``, which a headless client answers on the shell socket while it
+    waits for the cell's reply there). Built and with every control moved, each Output only gets its state set."""
+    captured = []
+    monkeypatch.setattr(W.Output, "__enter__", lambda self: captured.append("with out:"))
+    monkeypatch.setattr(W.Output, "clear_output", lambda self, *a, **k: captured.append("clear_output"))
+    panel = CELL_TIME_PANELS[name]()
+    for c in controls(panel):
+        if not c.disabled:
+            old, c.value = c.value, other_value(c, PLAN_JUMPS)
+            c.value = old
+    assert captured == [], f"{name} captured into an Output: {captured}"
+    outs = _walk(panel, (W.Output,))
+    assert outs and any(o.outputs for o in outs), "the panel shows its figures through Output.outputs"

@@ -2,8 +2,8 @@
 of 2 ranks (rollout TP=1: two engines; TP=2: one engine holding half the weights per rank), fp32, one update each.
 
 Checks: greedy tokens == HF generate on the whole model (before and after an update + weight sync), TP=2 == TP=1
-(greedy and seeded samples), the engine's log-probs of the sampled tokens within 1e-5 of the actor's old_log_prob
-(verl's training/rollout_probs_diff_* logged), the live step's trace == the plan, each rank's share of the weights, the
+(greedy and seeded samples), the engine's log-probs of the sampled tokens as close to the actor's old_log_prob as fp32
+rounding allows (verl's training/rollout_probs_diff_* logged; ``GAP_EPS_UNITS``), the live step's trace == the plan, each rank's share of the weights, the
 KV cache the engine got == the plan's, and nothing left after each group closes (vLLM's caches only in labkit's folder,
 ``LABKIT_CACHE_DIR`` or ~/.cache/labkit: a warm one saves ~20 s of model inspection per start). One module run starts
 two vLLM groups (the expensive part); every test reads what they recorded."""
@@ -31,6 +31,12 @@ pytestmark = [
 ]
 ARR, R = "actor_rollout_ref", "actor_rollout_ref.rollout"
 W, RESPONSE, LR = 2, 32, 1e-3
+# The engine-vs-actor gap in fp32 is rounding: other kernels (vLLM's decode with a KV cache vs the actor's packed
+# forward) sum in another order. It is deterministic for a machine's kernels (ISA, thread count), not a matter of
+# load: 1.29e-5 at TP=1 both quiet and with a second suite running, on log-probs up to 4.9 in magnitude, i.e. 22
+# units of fp32's resolution there (eps * max |log-prob|); an AVX2 machine measured 9.5e-6. The bound is 64 such
+# units. A wrong log-prob (no temperature, a shifted token) is off by 1e-2 or more.
+GAP_EPS_UNITS = 64.0
 OTHER_CACHES = (Path(f"/tmp/torchinductor_{os.environ.get('USER', 'root')}"), Path.home() / ".cache" / "vllm")
 
 
@@ -101,11 +107,18 @@ def test_tp2_equals_tp1_greedy_and_seeded_samples(runs):
     assert not torch.equal(a[0::2], a[1::2]), "the n samples of a prompt differ (their rows have their own seeds)"
 
 
+def gap_bound(run: dict) -> float:
+    """The largest engine-vs-actor log-prob gap fp32 rounding explains (``GAP_EPS_UNITS``)."""
+    return GAP_EPS_UNITS * torch.finfo(torch.float32).eps * max(1.0, float(run["gap"]["actor"].abs().max()))
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_rollout_log_probs_match_the_actors_old_log_prob(runs, tp):
-    gap, m = runs[tp]["gap"], runs[tp]["metrics"]
-    assert gap["diff"].numel() > 50 and float(gap["diff"].abs().max()) < 1e-5, float(gap["diff"].abs().max())
-    assert m["training/rollout_probs_diff_valid"] == 1 and m["training/rollout_probs_diff_max"] < 1e-5
+    gap, m, bound = runs[tp]["gap"], runs[tp]["metrics"], gap_bound(runs[tp])
+    worst = float(gap["diff"].abs().max())
+    print(f"TP={tp}: max |gap| {worst:.2e}, bound {bound:.2e} ({worst / bound * GAP_EPS_UNITS:.0f} units)")
+    assert gap["diff"].numel() > 50 and worst < bound, (worst, bound)
+    assert m["training/rollout_probs_diff_valid"] == 1 and m["training/rollout_probs_diff_max"] < bound
     assert m["training/rollout_actor_probs_pearson_corr"] > 0.999999
 
 

@@ -91,9 +91,10 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
     """Number boxes, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic
     only); a config labkit cannot read shows its card instead of the figure. Returns the displayed box."""
     import ipywidgets as W
-    from IPython.display import HTML, display
+    from IPython.display import display
 
     from labkit.ui import panel_parts as parts
+    from labkit.ui import widget_outputs as outputs
     from labkit.ui.verdict import verdict_html
 
     cfg = load_config(None, list(base), profile=profile)
@@ -116,14 +117,9 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
         try:
             rep = report_for(over, pick_model.value, pick_gpu.value, profile)
         except ConfigError as exc:
-            out.clear_output(wait=True)
-            with out:
-                display(HTML(verdict_html(exc)))
+            outputs.show(out, outputs.html_output(verdict_html(exc), "verl's verdict"))
             return
-        out.clear_output(wait=True)
-        with out:
-            phase_stack(rep).show()
-            print(render_text(rep))
+        outputs.show(out, outputs.figure_output(phase_stack(rep)), outputs.text_output(render_text(rep)))
 
     for w in [*boxes.values(), *toggles.values(), pick_model, pick_gpu]:
         w.observe(redraw, names="value")

@@ -9,6 +9,8 @@ from typing import Any
 
 import ipywidgets as W
 
+from labkit.ui import widget_outputs as outputs
+
 STYLE = {"description_width": "150px"}
 LOOPS = ("v1", "v0")  # verl 0.9.1's trainer loops (engine profile only): trainer.use_v1=true / false
 
@@ -66,7 +68,8 @@ def extra_box(value: str = "") -> W.Text:
 
 
 class FigureArea:
-    """An Output that is cleared on every draw: the figures of this setting, or the verdict card that replaces them."""
+    """An Output that is replaced on every draw: the figures of this setting, or the verdict card that replaces them.
+    Its content is set as the widget's state (``labkit.ui.widget_outputs``), never captured."""
 
     def __init__(self) -> None:
         self.out = W.Output()
@@ -75,23 +78,16 @@ class FigureArea:
 
     def figures(self, figs: Iterable[Any]) -> None:
         figs = list(figs)
-        self.out.clear_output(wait=bool(figs))  # wait: no flicker, the new figures replace the old at once
-        with self.out:
-            for fig in figs:
-                fig.show()
+        outputs.show(self.out, *(outputs.figure_output(fig) for fig in figs))
         self.showing, self.last = "figures", figs
 
     def clear(self) -> None:
         """No figures: the verdict card above the area says why (the config fails)."""
-        self.out.clear_output()
+        outputs.show(self.out)
         self.showing, self.last = "nothing", []
 
     def verdict(self, card_html: str) -> None:
-        from IPython.display import HTML, display
-
-        self.out.clear_output(wait=True)
-        with self.out:
-            display(HTML(card_html))
+        outputs.show(self.out, outputs.html_output(card_html, "verl's verdict"))
         self.showing, self.last = "verdict", []
 
 

@@ -1,4 +1,5 @@
-"""Notebook 01's panel: type any config size, the plan and verl's verdict recompute at once (arithmetic only).
+"""Notebook 01's panel: type any config size, the plan and verl's verdict recompute at once (arithmetic only);
+and notebook 05's slider over the tokens each Ulysses SP rank holds.
 
 Every change re-reads the config, runs ``labkit.validate.report.check`` (with its verified fixes) and
 ``labkit.plan.step.plan``, and redraws the verdict card, the stage table and the figures; a config verl rejects clears the
@@ -14,11 +15,12 @@ import ipywidgets as W
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.trace import StepTrace
 from labkit.ui import panel_parts as parts
+from labkit.ui import widget_outputs as outputs
 from labkit.ui.figure_style import specs
 from labkit.ui.plan_tables import stage_table_html
 from labkit.ui.verdict import verdict_html
 
-__all__ = ["FOUR_LAYER_KEYS", "plan_panel", "stage_table_html", "verdict_html"]
+__all__ = ["FOUR_LAYER_KEYS", "plan_panel", "sp_slices_panel", "stage_table_html", "verdict_html"]
 
 ARR = "actor_rollout_ref"
 # (override key, label): every size of the four layers, with the world (nodes x GPUs) and the token budget
@@ -99,3 +101,22 @@ def plan_panel(
     panel = W.VBox([controls, verdict, table, area.out])
     panel.figure_area = area  # tests read what the last draw showed
     return panel
+
+
+def sp_slices_panel(n_tokens: int = 7, sp: int = 2) -> W.VBox:
+    """A packed row of ``n_tokens`` (nnz) and an SP size: the token positions each Ulysses SP rank holds after
+    ``ulysses_pad`` (``labkit.model.ulysses_demo.sp_slices``)."""
+    from labkit.model.ulysses_demo import sp_slices
+
+    nnz = W.IntSlider(value=n_tokens, min=1, max=40, description="nnz")
+    size = W.Dropdown(options=[1, 2, 4, 8], value=sp, description="sp")
+    out = W.Output()
+
+    def redraw(_: object = None) -> None:
+        held = {f"rank {r}": s for r, s in enumerate(sp_slices(nnz.value, size.value))}
+        outputs.show(out, outputs.text_output(str(held)))
+
+    for w in (nnz, size):
+        w.observe(redraw, names="value")
+    redraw()
+    return W.VBox([W.HBox([nnz, size]), out])
