@@ -13,7 +13,6 @@ from labkit.runtime.worker_group import live_groups
 from labkit.trainer.grpo_trainer import mean_scores, trainer_config
 from labkit.trainer.recipes import LEARNING_LR, learning_config, learning_trainer, reward_rise
 
-HF = "actor_rollout_ref.rollout.name=hf"  # the HF engine: these tests are about the step, not the vLLM engine
 
 STEPS = 8  # about 10 s to start the group + 8 × 4–6 s on 2 shared cores
 SEED = 0
@@ -40,7 +39,7 @@ def test_reward_rise_needs_both_ends():
 
 
 def test_reward_rises_over_a_few_grpo_steps():
-    with learning_trainer(SEED, overrides=[HF]) as tr:
+    with learning_trainer(SEED) as tr:
         assert tr.settings.lr == LEARNING_LR and tr.settings.ppo_mini_batch_size == 2
         history = tr.run(STEPS)
         left = tr.close()["left_pids"]

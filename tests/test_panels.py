@@ -119,7 +119,7 @@ PANELS = {  # factory, values to move to, the setting a control needs to matter 
     "micro_batch_panel": (_micro_batch_panel, {}, {}),
     "balance_panel": (_balance_panel, {}, {}),
 }
-N_CONTROLS = {"plan_panel": 16, "plan_panel_engine": 16, "micro_batch_panel": 8, "balance_panel": 6}
+N_CONTROLS = {"plan_panel": 17, "plan_panel_engine": 17, "micro_batch_panel": 8, "balance_panel": 6}
 
 
 @pytest.mark.parametrize("name", list(PANELS))
@@ -361,3 +361,14 @@ def test_panels_set_output_state_and_never_capture(name, monkeypatch):
     assert captured == [], f"{name} captured into an Output: {captured}"
     outs = _walk(panel, (W.Output,))
     assert outs and any(o.outputs for o in outs), "the panel shows its figures through Output.outputs"
+
+
+def test_plan_panel_dynamic_micro_batches_follow_the_budget():
+    """With use_dynamic_bsz the micro-batch counts come from the rows' lengths (full width by default): the
+    old_log_prob bars are drawn, and a smaller budget gives more micro-batches per rank."""
+    panel = _plan_panel()
+    control(panel, DYNAMIC).value = True
+    counts = json.loads(shown(panel)[1][1])["data"][0]["y"]
+    assert counts and min(counts) > 0, counts
+    control(panel, "token budget / GPU").value = 8192
+    assert min(json.loads(shown(panel)[1][1])["data"][0]["y"]) > max(counts)

@@ -11,6 +11,8 @@ log-prob, group-normalised advantages, clipped PPO loss, FSDP2 AdamW update) and
   policy, as in verl);
 * ``actor.optim.lr=3e-4`` (AdamW, weight decay 0.01 as verl's default); at 1e-3 (8 updates per step) the reward fell
   back on one seed of two in our screening runs, 5e-4 was no faster;
+* ``rollout.name=hf``: the HF engine, on which the curves below were measured (vLLM samples another token stream
+  from the same seed, so its curve, and its rise, differ run for run);
 * the trainer's ``fixed_prompts=True``: the same 16 prompts at every step, so the curve shows the policy changing
   rather than the prompt draw (with fresh prompts, the draw alone moves the mean with sd ≈ 0.13).
 
@@ -35,6 +37,7 @@ LEARNING_OVERRIDES = (
     f"{ARR}.rollout.n=8",
     f"{ARR}.actor.ppo_mini_batch_size=2",
     f"{ARR}.actor.optim.lr={LEARNING_LR}",
+    f"{ARR}.rollout.name=hf",
 )
 LEARNING_FIXED_PROMPTS = True
 

@@ -47,9 +47,13 @@ def plan_panel(
     profile: str = "legacy",
     figures: Callable[[StepTrace], list] | None = None,
     loop: str = "v1",
+    lengths: str = "full-width",
 ) -> W.VBox:
-    """Number boxes over config keys, dynamic batch size, profile, trainer loop and free overrides; every change
-    re-runs ``check`` and ``plan`` and redraws the verdict, the stage table and ``figures(trace)``."""
+    """Number boxes over config keys, dynamic batch size, profile, trainer loop, the rows' lengths and free
+    overrides; every change re-runs ``check`` and ``plan`` and redraws the verdict, the stage table and
+    ``figures(trace)``. The lengths (a profile of data/length_profiles.json, seed 0; "full-width": every row at
+    prompt + response length) are what a token budget cuts: without them dynamic micro-batches have no count."""
+    from labkit.config.lengths import LengthsError, profile_names
     from labkit.plan.step import plan
     from labkit.validate.report import check
 
@@ -59,6 +63,7 @@ def plan_panel(
     prof = parts.profile_toggle(profile)
     loops = parts.loop_toggle(loop, profile)
     extra = parts.extra_box()
+    rows = W.Dropdown(options=profile_names(), value=lengths, description="row lengths", style=parts.STYLE)
     verdict, table, area = W.HTML(), W.HTML(), parts.FigureArea()
 
     def redraw(_: object = None) -> None:
@@ -73,8 +78,8 @@ def plan_panel(
         try:
             cfg = load_config(overrides=overrides, profile=prof.value)
             report = check(cfg)
-            trace = plan(cfg)
-        except ConfigError as exc:  # PlanTooLarge included: the card says why, with the arithmetic
+            trace = plan(cfg, rows.value)
+        except (ConfigError, LengthsError) as exc:  # PlanTooLarge included: the card says why, with the arithmetic
             verdict.value, table.value = verdict_html(exc), ""
             area.clear()
             return
@@ -86,7 +91,7 @@ def plan_panel(
             with specs():
                 area.figures(figures(trace))
 
-    for w in [*boxes.values(), dynamic, prof, loops, extra]:
+    for w in [*boxes.values(), dynamic, prof, loops, rows, extra]:
         w.observe(redraw, names="value")
     redraw()
     half = (len(boxes) + 1) // 2
@@ -94,7 +99,7 @@ def plan_panel(
     controls = W.VBox(
         [
             W.HBox([prof, loops]),
-            W.HBox([parts.column(values[:half]), parts.column(values[half:] + [dynamic])]),
+            W.HBox([parts.column(values[:half]), parts.column(values[half:] + [dynamic, rows])]),
             extra,
         ]
     )
