@@ -13,7 +13,6 @@ from labkit.runtime.worker_group import live_groups
 from labkit.trainer.grpo_trainer import mean_scores, trainer_config
 from labkit.trainer.recipes import LEARNING_LR, learning_config, learning_trainer, reward_rise
 
-
 STEPS = 8  # about 10 s to start the group + 8 × 4–6 s on 2 shared cores
 SEED = 0
 # Threshold on mean(last 2 steps) − mean(first 2), from benchmarks/bench_grpo_reward.md (8 steps):
