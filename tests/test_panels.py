@@ -175,7 +175,13 @@ def test_a_setting_verl_rejects_clears_the_figures(factory, bad, code):
     panel = factory()
     c = control(panel, bad[0])
     old, c.value = c.value, bad[1]
-    assert f"data-verl-code='{code}'" in shown(panel)[0][0] and panel.figure_area.last == []
+    assert f"data-verl-code='{code}'" in shown(panel)[0][0]
+    if code == "E31":  # the budget only: the static micro-batches do not use it, their figure stays alone
+        assert [f["layout"]["title"]["text"] for f in panel.figure_area.last] == [
+            "static micro-batches of 4 rows per DP rank"
+        ]
+    else:
+        assert panel.figure_area.last == []
     c.value = old
     assert panel.figure_area.showing == "figures" and panel.figure_area.last
 
@@ -372,3 +378,10 @@ def test_plan_panel_dynamic_micro_batches_follow_the_budget():
     assert counts and min(counts) > 0, counts
     control(panel, "token budget / GPU").value = 8192
     assert min(json.loads(shown(panel)[1][1])["data"][0]["y"]) > max(counts)
+
+
+def test_the_live_step_panel_offers_only_tp_sizes_the_model_splits_into():
+    """The shipped model has 4 attention heads and 2 KV heads: rollout TP 1 or 2, never 4 (a failure on press)."""
+    from labkit.ui.trainer_panels import live_step_panel
+
+    assert control(live_step_panel(), "rollout TP").options == (1, 2)

@@ -303,10 +303,12 @@ def test_bad_split_raises_before_any_collective(tp_run):
     """(d) Heads not divisible by t: a clear ValueError naming both head counts, raised on one rank without a hang."""
     from transformers import Qwen2Config
 
-    with pytest.raises(ValueError, match=r"attention heads \(4\).*tensor parallel size \(3\).*key-value heads \(2\)"):
+    with pytest.raises(ValueError, match=r"attention heads \(4\) must be divisible by tensor parallel size \(3\)"):
         check_tp_split(Qwen2Config(**CFG), 3)
+    with pytest.raises(ValueError, match=r"key-value heads \(2\) must be divisible by tensor parallel size \(4\)"):
+        check_tp_split(Qwen2Config(**CFG), 4)  # 4 attention heads split over 4: the KV heads are the cause
     msg = tp_run[0][0]["bad_split"]  # rank 0 alone sharded a kv_heads=1 model over TP=2, then reached the barrier
-    assert msg is not None and "num_attention_heads=4" in msg and "num_key_value_heads=1" in msg
+    assert msg is not None and "key-value heads (1)" in msg and "num_key_value_heads=1" in msg
     assert tp_run[0][0]["bad_untouched"], "a refused split must leave the model unsharded"
     with pytest.raises(ValueError, match=r"intermediate_size \(256\)"):
         check_tp_split(Qwen2Config(**{**CFG, "num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 96}), 3)

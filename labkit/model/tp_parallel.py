@@ -100,12 +100,16 @@ def check_tp_split(config: Any, tp: int) -> None:
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor parallel size must be a positive int, got {tp!r}")
     heads, kv = config.num_attention_heads, config.num_key_value_heads
-    if heads % tp or kv % tp:
-        # The first clause is vLLM's wording (config.verify_with_parallel_config); labkit does not replicate KV heads.
+    if heads % tp:  # vLLM's wording (config.verify_with_parallel_config)
         raise ValueError(
-            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}), "
-            f"and so must the number of key-value heads ({kv}): rollout TP shards whole heads "
-            f"(num_attention_heads={heads}, num_key_value_heads={kv}, tensor_model_parallel_size={tp})"
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}) "
+            f"(num_attention_heads={heads}, tensor_model_parallel_size={tp})"
+        )
+    if kv % tp:
+        raise ValueError(
+            f"the number of key-value heads ({kv}) must be divisible by tensor parallel size ({tp}): labkit's rollout "
+            f"TP shards whole KV heads and does not replicate them as vLLM does when tp is a multiple of them "
+            f"(num_key_value_heads={kv}, tensor_model_parallel_size={tp}; a TP that divides {kv} works)"
         )
     if config.intermediate_size % tp:
         raise ValueError(

@@ -91,4 +91,6 @@ class _Progress:
 
     def close(self) -> None:
         if self.bar is not None:
+            if self.bar.n < (self.bar.total or 0):  # it failed: the error says why, no red bar stays under it
+                self.bar.total = self.bar.n
             self.bar.close()

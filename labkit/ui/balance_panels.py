@@ -143,17 +143,20 @@ def micro_batch_panel(
             "dynamic": check(dyn_cfg, max_seq_len=max(lens), fixes=False),
         }
         failed = {path: r for path, r in reports.items() if not r.ok}
-        if failed:
-            cards = "".join(f"<b>{path} path</b>{verdict_html(r)}" for path, r in failed.items())
+        cards = "".join(f"<b>{path} path</b>{verdict_html(r)}" for path, r in failed.items())
+        if "static" in failed:
             return head + cards, None
         per_rank = rows.per_rank(lens, v["ranks"] // v["sp"])
+        static = balance_figures.stacked_micro(
+            _static_tokens(per_rank, v["micro"]), None, f"static micro-batches of {v['micro']} rows per DP rank"
+        )
+        if failed:  # only the budget is rejected: the static split does not use it and stays
+            return head + cards, [static]
         dyn = micro_batches.plan_dp_micro_batches(per_rank, total, profile=v["profile"])
         toks = [list(p.tokens) for p in dyn]
         alone = lessons.micro_counts(per_rank, total, v["profile"], sync=False)
         figs = [
-            balance_figures.stacked_micro(
-                _static_tokens(per_rank, v["micro"]), None, f"static micro-batches of {v['micro']} rows per DP rank"
-            ),
+            static,
             balance_figures.stacked_micro(toks, total, "dynamic micro-batches per DP rank"),
             balance_figures.micro_vs_budget(toks, total),
             balance_figures.counts_per_rank(

@@ -103,6 +103,23 @@ def timing_table_html(metrics: dict[str, Any]) -> str:
     return html_table(rows, ["metric", "seconds"])
 
 
+def _tp_sizes(candidates: Sequence[int]) -> list[int]:
+    """The rollout TP sizes the shipped model splits into (whole attention and KV heads, MLP columns)."""
+    from types import SimpleNamespace
+
+    from labkit.model.tp_parallel import check_tp_split
+    from labkit.trainer.engine_setup import model_values
+
+    config, sizes = SimpleNamespace(**model_values()), []
+    for tp in candidates:
+        try:
+            check_tp_split(config, tp)
+        except ValueError:
+            continue
+        sizes.append(tp)
+    return sizes
+
+
 def live_step_panel(launcher: str = "auto", lr: float = 1e-3) -> Any:
     """Knobs for n, TP, SP, dynamic bsz and budget; the button starts a group, runs one step, shows the figures and
     prediction-vs-observation, and closes the group. A status line names the stage running (start-up included, the
@@ -115,7 +132,7 @@ def live_step_panel(launcher: str = "auto", lr: float = 1e-3) -> Any:
 
     knobs = {
         "n": W.IntText(value=4, description="rollout.n", layout=W.Layout(width="180px")),
-        "tp": W.Dropdown(options=[1, 2, 4], value=1, description="rollout TP"),
+        "tp": W.Dropdown(options=_tp_sizes((1, 2, 4)), value=1, description="rollout TP"),
         "sp": W.Dropdown(options=[1, 2, 4], value=1, description="Ulysses SP"),
         "dynamic": W.Checkbox(value=False, description="use_dynamic_bsz"),
         "budget": W.IntText(value=64, description="token budget", layout=W.Layout(width="200px")),
