@@ -1,0 +1,219 @@
+"""``labkit read`` against bash itself: verl's own launch scripts (tests/data/launch_scripts) run by real bash in a
+scratch HOME and cwd, with stub ``python3``/``uv``/``torchrun``/``ray``/... first on PATH that record their argv;
+what bash passed after the entry point is the truth. Each script is read exactly, or refused naming its line and
+construct; none is misread. Plus small scripts per construct, against the same oracle. (Only the test runs bash.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from labkit.config.bash_expand import Val
+from labkit.config.launch_script import MAX_SCRIPT_BYTES, LaunchError, find_entry, read_script
+
+DATA = Path(__file__).parent / "data" / "launch_scripts"
+SETS = sorted(p.name for p in DATA.glob("verl-*"))
+BASH = shutil.which("bash")
+STUBS = ("python3", "python", "uv", "torchrun", "ray", "nvidia-smi", "npu-smi", "hf", "huggingface-cli", "pip",
+         "pip3", "wget", "curl", "git", "srun", "sbatch", "scontrol", "sleep")  # fmt: skip
+STUB = """#!/bin/bash
+printf '%s\\0' "${0##*/}" "$@" > "$STUB_LOG/${EPOCHREALTIME/./}"
+case "${0##*/}" in python*) [ "$1" = -c ] && exit 1;; esac
+exit 0
+"""  # python3 -c 'import torch_npu' fails: a GPU machine
+USER_ENV = {"MODEL_PATH": "/models/Qwen2.5-7B-Instruct", "DATA_PATH": "/data", "HDFS_ROOT": "/hdfs",
+            "RAY_DATA_HOME": "/ray", "WORK_DIR": "/work", "LORA_ADAPTER_PATH": "/adapter", "NNODES": "2",
+            "NGPUS_PER_NODE": "4", "INFER_BACKEND": "vllm"}  # fmt: skip
+USER_ARGS = ("trainer.total_epochs=3", "+extra.key='a b'")
+ASSUMED = {"DEVICE": "gpu"}  # what the stub python3 makes $(python3 -c 'import torch_npu' ... || echo gpu) print
+pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
+
+
+def _scratch(root: Path) -> dict[str, str]:
+    stubs = root / ".stubs"
+    (stubs / "bin").mkdir(parents=True)
+    (stubs / "log").mkdir()
+    for name in STUBS:
+        stub = stubs / "bin" / name
+        stub.write_text(STUB)
+        stub.chmod(0o755)
+    return {"HOME": str(root), "PATH": f"{stubs / 'bin'}:/usr/bin:/bin", "STUB_LOG": str(stubs / "log")}
+
+
+def bash_truth(text: str, root: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> list[str] | None:
+    """What real bash passes after verl's entry point (None: it launches nothing), in a scratch cwd."""
+    script = root / "script.sh"
+    script.write_text(text)
+    full = {**env, "BASH_FUNC_ulimit%%": "() { return 0; }"}  # ulimit -n fails in a container, not on a GPU host
+    try:
+        subprocess.run([BASH, str(script), *args], cwd=root, env=full, capture_output=True, timeout=20,
+                       stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    for rec in sorted((root / ".stubs" / "log").iterdir(), key=lambda p: int(p.name)):
+        argv = [a.decode() for a in rec.read_bytes().split(b"\0")[:-1]]
+        got = find_entry([Val(a) for a in argv])
+        if got is not None and got[2] is not None:
+            return argv[got[1] :]
+    return None
+
+
+def classify(text: str, root: Path, extra_env: dict[str, str], args: tuple[str, ...]) -> tuple[str, str]:
+    """("exact" | "refused" | "bash-stops" | "MISREAD", detail) for one script in one environment."""
+    env = {**_scratch(root), **extra_env}
+    truth = bash_truth(text, root, env, args)
+    sets = {**env, "PWD": str(root), **ASSUMED}
+    try:
+        read = read_script(text, extra=args, sets=sets, env_complete=True)
+        got = [a.text for a in read.args] if read.exact else None
+        why = "" if read.exact else read.unknown[0].unknown
+    except LaunchError as exc:
+        got, why = None, str(exc)
+    if got is None:
+        assert re.search(r"line \d+|no verl launch|bytes", why), why  # a refusal names the line and construct
+        return ("refused" if truth is not None else "bash-stops"), why
+    if got != truth:
+        return "MISREAD", f"bash: {truth}\nlabkit: {got}"
+    return "exact", ""
+
+
+def _run_set(name: str, tmp_path: Path, extra_env: dict, args: tuple) -> dict[str, tuple[str, str]]:
+    scripts = sorted((DATA / name).rglob("*.sh"))
+
+    def one(k_path):
+        k, path = k_path
+        root = tmp_path / f"s{k}"
+        root.mkdir()
+        return str(path.relative_to(DATA / name)), classify(path.read_text(), root, extra_env, args)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, enumerate(scripts)))
+
+
+@pytest.mark.parametrize("env_name", ["bare", "user"])
+@pytest.mark.parametrize("name", SETS)
+def test_verl_scripts_read_as_bash_reads_them(name, env_name, tmp_path, capsys):
+    extra_env, args = ({}, ()) if env_name == "bare" else (USER_ENV, USER_ARGS)
+    results = _run_set(name, tmp_path, extra_env, args)
+    counts = {k: sum(1 for v, _ in results.values() if v == k) for k in ("exact", "refused", "bash-stops", "MISREAD")}
+    with capsys.disabled():
+        print(
+            f"\n{name} ({env_name} environment): {counts['exact']} exact / {counts['refused']} refused / "
+            f"{counts['bash-stops']} refused where bash stops too / {counts['MISREAD']} misread / "
+            f"{len(results)} total"
+        )
+    misread = {k: d for k, (v, d) in results.items() if v == "MISREAD"}
+    assert not misread, misread
+    assert counts["exact"] >= 0.8 * (len(results) - counts["bash-stops"]), results
+
+
+# -- one construct at a time, against bash -------------------------------------------------------------------------
+CASES = {
+    "quoting": """A='x y'; B="q \\"$A\\" \\$HOME"; python3 -m verl.trainer.main_ppo a.b="$A" c='$A' d=$B e=\\' f="" """,
+    "arrays": """X=(one "two three"); X+=(four); E=()
+python3 -m verl.trainer.main_ppo "${X[@]}" ${X[@]} "${E[@]}" "${X[*]}" "${X[1]}" ${#X[@]}""",
+    "defaults": """U=; V=set
+python3 -m verl.trainer.main_ppo a=${U:-d1} b=${U-d2} c=${V:+alt} d=${NONE:=fill} e=$NONE f=${U:+x} g=${#V}""",
+    "arith": """N=4; M=$((N * 3 + 1)); python3 -m verl.trainer.main_ppo a=$((M / 2)) b=$(( (N+1) % 3 )) c=$((2**10))""",
+    "branches": """BK=vllm
+if [ "$BK" = sglang ]; then X=1; elif [[ $BK == v* && -n "$BK" ]]; then X=2; else X=3; fi
+case "$BK" in sg*) Y=a;; vllm|hf) Y=b;; *) Y=c;; esac
+(( X > 1 )) && Z=yes || Z=no
+python3 -m verl.trainer.main_ppo x=$X y=$Y z=$Z""",
+    "launchers": """export A=1
+VAR=1 torchrun --nproc_per_node=8 -m verl.trainer.main_ppo a.b=1 \\
+    c.d=2 `# a comment` # trailing
+""",
+    "ray": """ray job submit --address=http://x:8265 --runtime-env=r.yaml -- python3 -m verl.trainer.main_ppo k=v "$@" """,
+    "uv": """LAUNCH=(uv run --extra vllm python3); "${LAUNCH[@]}" -m recipe.dapo.main_dapo k=v "${@:2}" """,
+    "heredoc": """cat > f.py << 'EOF'
+python3 -m verl.trainer.main_ppo not=this
+EOF
+for v in a b; do L+=($v.k=1); done
+python3 -m verl.trainer.main_ppo "${L[@]}" p=$(pwd) q=$(echo hi there)""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_construct_read_as_bash_reads_it(case, tmp_path):
+    args = ("extra.a=1", "extra.b=two words")
+    env = _scratch(tmp_path)
+    truth = bash_truth(CASES[case], tmp_path, env, args)
+    assert truth is not None, case
+    read = read_script(CASES[case], extra=args, sets={**env, "PWD": str(tmp_path)}, env_complete=True)
+    assert read.exact and [a.text for a in read.args] == truth
+
+
+def test_unknown_values_are_refused_with_line_and_construct_then_set():
+    text = "set -euo pipefail\nNP=$(nproc)\nTS=$(date +%s)\necho $TS\npython3 -m verl.trainer.main_ppo n=$NP t=1\n"
+    read = read_script(text)
+    assert not read.exact and read.unknown[0].unknown.startswith("line 2: command substitution $(nproc)")
+    assert read.unknown[0].shown() == "n=…"
+    again = read_script(text, sets={"NP": "16"})
+    assert [a.text for a in again.args] == ["n=16", "t=1"] and any(k.startswith("NP") for k in again.assumed)
+
+
+def test_environment_variables_defaults_assumed_bare_ones_unknown():
+    read = read_script("N=${NNODES:-2}\npython3 -m verl.trainer.main_ppo trainer.nnodes=$N d=$HOME/x\n")
+    assert read.assumed == {"NNODES": 1}
+    assert read.args[0].text == "trainer.nnodes=2" and read.args[1].unknown.startswith("line 2: $HOME is never set")
+    assert read_script("python3 -m verl.trainer.main_ppo d=$HOME/x", sets={"HOME": "/h"}).args[0].text == "d=/h/x"
+
+
+def test_branch_on_an_unknown_value_keeps_what_branches_agree_on():
+    text = """D=$(probe)
+case "$D" in gpu) G=8;; npu) G=16;; *) exit 1;; esac
+M=2
+python3 -m verl.trainer.main_ppo a.m=$M a.g=$G"""
+    read = read_script(text)
+    assert read.args[0].text == "a.m=2" and "case on a value labkit does not know" in read.args[1].unknown
+    assert [a.text for a in read_script(text, sets={"D": "npu"}).args] == ["a.m=2", "a.g=16"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("source env.sh\npython3 -m verl.trainer.main_ppo a=1", "line 1: source FILE"),
+        ("f() { echo; }\npython3 -m verl.trainer.main_ppo a=1", "line 1: a function definition"),
+        ("while true; do :; done\npython3 -m verl.trainer.main_ppo", "line 1: a while loop"),
+        ("echo 'open\npython3 -m verl.trainer.main_ppo a=1", "line 1: cannot parse: a single quote is never closed"),
+        ("X=1\nexit 0\npython3 -m verl.trainer.main_ppo a=1", "no verl launch"),
+        ("if [ -f x ]; then python3 -m verl.trainer.main_ppo a=1; fi", "line 1: the launch depends on line 1: an if"),
+        ("echo ${X/a/b}\npython3 -m verl.trainer.main_ppo a=${X/a/b}", None),
+        ("python3 -m verl.trainer.main_ppo a=$((1/0))", "line 1: $((1/0)): division by 0"),
+    ],
+)
+def test_refusals_name_the_line_and_construct(text, message):
+    try:
+        read = read_script(text)
+    except LaunchError as exc:
+        assert message is not None and str(exc).startswith(message), str(exc)
+        return
+    assert message is None and read.unknown[0].unknown == "line 2: ${X/a/b} is not evaluated"
+
+
+def test_never_executes_and_bounds_input(tmp_path):
+    marker = tmp_path / "ran"
+    read = read_script(f"touch {marker}\n$(touch {marker})\npython3 -m verl.trainer.main_ppo a=1")
+    assert not marker.exists() and [a.text for a in read.args] == ["a=1"]
+    with pytest.raises(LaunchError, match="at most"):
+        read_script("#" * (MAX_SCRIPT_BYTES + 1))
+    big = "A=x\n" + "A=$A$A\n" * 40 + "python3 -m verl.trainer.main_ppo a=$A"
+    with pytest.raises(LaunchError, match="grows past"):
+        read_script(big)
+
+
+def test_script_reader_is_linear_on_a_long_script():
+    import time
+
+    lines = "".join(f"V{k}=${{V{k}:-{k}}}\n" for k in range(20_000))
+    t0 = time.perf_counter()
+    read = read_script(lines + "python3 -m verl.trainer.main_ppo a=$V19999")
+    assert read.args[0].text == "a=19999" and time.perf_counter() - t0 < 10
+    assert os.environ.get("V1") is None
