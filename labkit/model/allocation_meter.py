@@ -8,10 +8,30 @@ process's RSS, which glibc's heap reuse hides); on CUDA it reads the caching all
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 __all__ = ["AllocationMeter"]
+
+
+@contextmanager
+def _without_native_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment: the profiler's C++ side prints "USDT ... profiler_start/stop"
+    lines at every start and stop whatever KINETO_LOG_LEVEL says (a red stderr block in a notebook)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 class AllocationMeter:
@@ -31,7 +51,8 @@ class AllocationMeter:
             self._base = torch.cuda.memory_allocated()
             return self
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
-        self._prof.__enter__()
+        with _without_native_stderr():
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -41,7 +62,8 @@ class AllocationMeter:
             self.final_bytes = torch.cuda.memory_allocated() - self._base
             return
         assert self._prof is not None
-        self._prof.__exit__(None, None, None)
+        with _without_native_stderr():
+            self._prof.__exit__(None, None, None)
         events = sorted(
             (e.start_ns(), e.nbytes())
             for e in self._prof.profiler.kineto_results.events()

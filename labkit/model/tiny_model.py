@@ -107,10 +107,17 @@ def load_tiny_model(
 ) -> torch.nn.Module:
     """AutoModelForCausalLM on the shipped folder, offline, in eval mode."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype, local_files_only=True, attn_implementation=attn_implementation
-    )
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar is a red stderr block in a notebook, for 1 file
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, attn_implementation=attn_implementation
+        )
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return model.eval()
 
 
