@@ -174,7 +174,7 @@ def test_make_lab_serves_the_start_notebook_and_never_moves_port(tmp_path):
         while not (url := next((w for w in log.read_text().split() if w.startswith("http://")), None)):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert url.startswith(f"http://127.0.0.1:{port}/lab/tree/{lab_server.start_notebook(ROOT)}?token=")
+        assert url.startswith(f"http://127.0.0.1:{port}/lab/tree/{lab_server.start_notebook(ROOT)}?reset&token=")
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=5) as r:
@@ -183,7 +183,7 @@ def test_make_lab_serves_the_start_notebook_and_never_moves_port(tmp_path):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.3)
-        token = url.split("?token=")[1]
+        token = url.split("&token=")[1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=10) as r:
             assert r.geturl().split("?")[0] == url.split("?")[0]  # the server's root redirects to the start notebook
         again = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=60)

@@ -47,9 +47,10 @@ def free_port(host: str = HOST) -> int:
 
 
 def lab_url(port: int, path: str, token: str | None = None, host: str = HOST) -> str:
-    """The URL that opens ``path`` (relative to the server's root) in JupyterLab."""
-    url = f"http://{host}:{port}/lab/tree/{quote(path)}"
-    return f"{url}?token={token}" if token else url
+    """The URL that opens ``path`` (relative to the server's root) in JupyterLab. ``reset``: JupyterLab starts from
+    an empty workspace, so a reopened lab shows this notebook alone instead of every earlier tab, each with a kernel."""
+    url = f"http://{host}:{port}/lab/tree/{quote(path)}?reset"
+    return f"{url}&token={token}" if token else url
 
 
 def lab_argv(root_dir: str | Path, port: int, open_path: str, extra: list[str] | tuple = ()) -> list[str]:
