@@ -1,5 +1,5 @@
 """The JupyterLab and Jupyter server settings ``make venv`` writes into the venv: no news toast covering the notebook,
-a notebook's kernel shut down when its tab closes, idle kernels culled (each lesson's kernel holds torch, ~300 MB),
+a notebook's kernel started when it opens and shut down when its tab closes, autosave within 10 s, idle kernels culled (each lesson's kernel holds torch, ~300 MB),
 and tracked notebooks saved without outputs (``labkit.ui.notebook_filter.pre_save_hook``)."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 # JupyterLab settings defaults (``<prefix>/share/jupyter/lab/settings/overrides.d``): a user's own settings still win.
+# A notebook opens with its kernel started (no "Select Kernel" dialog) and is autosaved 10 s after a change: a tracked
+# lesson is saved without outputs (they stay on screen), so closing it after Run All asks no "Save changes?".
 LAB_OVERRIDES = {
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-    "@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True},
+    "@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True, "autoStartDefaultKernel": True},
+    "@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": 10},
 }
 # Jupyter server config (``<prefix>/etc/jupyter/jupyter_server_config.json``): a kernel idle for 15 minutes is shut
 # down, also while its notebook is open (Run All starts a new one); a busy kernel (a live run) is never culled.
