@@ -1,5 +1,5 @@
 """Command line: ``labkit plan`` (the pipeline at a glance, per stage and per rank), ``labkit check`` (verl's
-verdict on a config) and ``labkit explain CODE`` (one entry of the error catalogue, docs/errors.md). Pure arithmetic,
+verdict on a config), ``labkit read SCRIPT`` (what a launch script passes to verl) and ``labkit explain CODE`` (one entry of the error catalogue, docs/errors.md). Pure arithmetic,
 no processes. Run as ``labkit ...`` or ``python -m labkit.cli ...``.
 
 Exit codes: 0 fine, 1 verl would fail on this config (``check``), 2 labkit cannot read the input (unknown key,
@@ -19,11 +19,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from labkit.config.launch_script import MAX_SCRIPT_BYTES, LaunchError, exact_args, parse_sets, read_script
 from labkit.config.lengths import LengthsError, parse_lengths
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.text_input import YAML, is_yaml, load_script_config
+from labkit.config.verl_config import ConfigError, load_config, load_config_text
+from labkit.config.yaml_input import YamlInputError
+from labkit.config.yaml_input import read_config_text as read_config_file
 from labkit.memory import command as memory_command
 from labkit.plan import tables
 from labkit.trace import StepTrace
+
+SET_HELP = "a shell variable's value for the script (the environment, or what $(...) printed); repeatable"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,9 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument(
             "args",
             nargs="*",
-            metavar="[CONFIG.yaml] [key=value ...]",
-            help="optional verl-style YAML, then Hydra-style overrides (key=value, ~key)",
+            metavar="[CONFIG.yaml|SCRIPT.sh|-] [key=value ...]",
+            help="optional verl-style YAML or launch script (read as bash reads it), then Hydra overrides "
+            "(key=value, +key=value, ++key=value, ~key)",
         )
+        s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help=SET_HELP)
         s.add_argument(
             "--profile",
             choices=("legacy", "engine"),
@@ -72,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
             )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
             s.add_argument("--model", default="tiny-qwen2", help="model shape for bytes_predicted (labkit memory)")
+    doc = "the arguments a launch script passes to verl's entry point, read as bash reads it (never run)"
+    s = sub.add_parser("read", help=doc, description=doc)
+    s.add_argument("script", metavar="SCRIPT|-", help="a launch script, or - for standard input")
+    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments given after the script (its $@)")
+    s.add_argument("--set", action="append", metavar="NAME=VALUE", help=SET_HELP)
     doc = "what an error code means: verl's message, exception, where, versions, when, why"
     s = sub.add_parser("explain", help=doc, description=doc)
     s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
@@ -79,14 +92,65 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: Sequence[str], profile: str):
-    """Split positional args into an optional YAML path and overrides, then load (ConfigError on bad input)."""
+def _source_text(path: str) -> str:
+    """The text of a config or script file, or of standard input for ``-`` (bounded, UTF-8)."""
+    if path == "-":
+        data = sys.stdin.buffer.read(MAX_SCRIPT_BYTES + 1)
+        if len(data) > MAX_SCRIPT_BYTES:
+            raise ConfigError(f"-: labkit reads launch scripts of at most {MAX_SCRIPT_BYTES:,} bytes.")
+        try:
+            return data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"-: not UTF-8 text (byte {exc.start})") from None
+    if not Path(path).exists():
+        raise ConfigError(f"{path}: no such config file or script (overrides are key=value).")
+    try:
+        return read_config_file(path)
+    except YamlInputError as exc:
+        raise ConfigError(f"{path}: {exc}.") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _config(args: Sequence[str], profile: str, sets: Sequence[str] = ()):
+    """Positional args: an optional YAML or launch script (``-``: standard input), then overrides (for a script:
+    its ``$@``); ConfigError on bad input. A script is read as bash reads it (labkit.config.launch_script)."""
     path, overrides = None, list(args)
     if overrides and "=" not in overrides[0] and not overrides[0].startswith(("~", "+")):
         path = overrides.pop(0)
-        if not Path(path).exists():
-            raise ConfigError(f"{path}: no such config file (overrides are key=value).")
-    return load_config(path, overrides, profile=profile)
+    if path is None:
+        return load_config(None, overrides, profile=profile)
+    if not Path(path).exists() and path != "-":
+        raise ConfigError(f"{path}: no such config file or script (overrides are key=value).")
+    if path.endswith((".yaml", ".yml", ".json")):
+        return load_config(path, overrides, profile=profile)
+    text = _source_text(path)
+    if is_yaml(text):
+        return load_config_text(text, overrides, profile=profile, origin=path)
+    try:
+        cfg, read = load_script_config(text, overrides, profile=profile, sets=parse_sets(sets))
+    except LaunchError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if read.kind != YAML:
+        print(f"labkit: {path}: {read.describe()}", file=sys.stderr)
+    return cfg
+
+
+def cmd_read(ns: argparse.Namespace) -> int:
+    """``labkit read SCRIPT|- [args]``: the arguments bash would pass to verl's entry point, one per line."""
+    text = _source_text(ns.script)
+    try:
+        read = read_script(text, extra=ns.args, sets=parse_sets(ns.set or ()))
+        args = exact_args(read)
+    except LaunchError as exc:
+        raise ConfigError(f"{ns.script}: {exc}") from None
+    for arg in args:
+        print(arg)
+    if read.assumed:
+        print(f"labkit: {read.assumed_line()}", file=sys.stderr)
+    return 0
 
 
 def _table(title: str | None, columns: Sequence[tuple[str, str]], show_header: bool = True) -> Table:
@@ -140,7 +204,7 @@ def _console(soft_wrap: bool = False) -> Console:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from labkit.plan.step import plan
 
-    cfg = _config(ns.args, ns.profile)
+    cfg = _config(ns.args, ns.profile, ns.set)
     lengths = parse_lengths(ns.lengths) if ns.lengths else None
     tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
     memory_command.fill_trace(tr, cfg, ns.model)
@@ -210,7 +274,7 @@ def _print_docs(con: Console, code: Any) -> None:
 def cmd_check(ns: argparse.Namespace) -> int:
     from labkit.plan.step import PlanTooLarge, plan
 
-    cfg = _config(ns.args, ns.profile)
+    cfg = _config(ns.args, ns.profile, ns.set)
     from labkit.validate.report import check
 
     report = check(cfg)
@@ -297,8 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.cmd == "explain":
             return cmd_explain(ns)
+        if ns.cmd == "read":
+            return cmd_read(ns)
         if ns.cmd == "memory":
-            return memory_command.run(_config(ns.args, ns.profile), ns)
+            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns)
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:
         print(f"labkit: {exc}", file=sys.stderr)

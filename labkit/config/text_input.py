@@ -1,44 +1,59 @@
-"""A config pasted as text: a verl YAML document, or a command line of Hydra overrides as verl's example scripts
-write them (``python3 -m verl.trainer.main_ppo \\`` then ``key=value`` lines).
+"""A config given as text: a verl YAML document, or a launch script / command line read as bash reads it
+(``labkit.config.launch_script``), the one reader of ``labkit check|plan|memory`` and of the dashboard.
 
-``read_config_text(text)`` decides which of the two the text is and returns the overrides it carries (or the YAML),
-plus the tokens it did not read (the program, Hydra's ``--config-path``/``--config-name``, ``$@``, a trailing
-``2>&1 | tee log``), so a caller can say what was skipped. ``load_pasted_config`` builds the ``VerlConfig``.
+``read_config_text`` decides which of the two the text is and returns the Hydra overrides it passes to verl, the
+arguments it could not read (a value only known at run time, on a key labkit does not model) and what was skipped
+(the launcher, Hydra's own flags); ``load_pasted_config`` builds the ``VerlConfig``.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from labkit.config.bash_expand import MARK
+from labkit.config.hydra_overrides import HydraError, check_base, split_hydra_args
+from labkit.config.keys import KEYS
+from labkit.config.launch_script import LaunchError, ScriptRead, read_script
 from labkit.config.verl_config import ConfigError, VerlConfig, load_config, load_config_text
 
 YAML, OVERRIDES = "yaml", "overrides"
 _YAML_START = re.compile(r"^(---|%YAML|\{|[A-Za-z_][\w.-]*\s*:(\s|$))")
-_OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w-]*(\.[\w-]+)*=|~[A-Za-z_][\w.-]*$|~[A-Za-z_][\w.-]*=)")
-_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # VAR=value before the program: the shell's, not Hydra's
-_HYDRA_FLAGS = ("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd", "--multirun", "-m")
-_SHELL_STOP = ("|", "||", "&&", ";", "&")
+NOTHING_READ = "no verl overrides found in this text"
 
 
 @dataclass
 class ConfigText:
-    """What a pasted text holds: ``kind`` ``yaml`` (``yaml_text``) or ``overrides`` (``overrides``), and the tokens
-    of a command line that are not overrides (``skipped``)."""
+    """What a text holds: ``kind`` ``yaml`` (``yaml_text``) or ``overrides``: the overrides read exactly, the
+    arguments not read (``not_read``: (argument with ``…`` for the unknown part, why)), what was skipped (the
+    launcher, Hydra's flags) and the script's reading (``script``)."""
 
     kind: str
     overrides: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     yaml_text: str = ""
+    not_read: list[tuple[str, str]] = field(default_factory=list)
+    script: ScriptRead | None = None
+
+    def modelled(self) -> list[str]:
+        """The overrides read whose key labkit models (what its verdict depends on)."""
+        return [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") in KEYS]
 
     def describe(self) -> str:
-        """One line: how the text was read."""
+        """One line: how the text was read, what was not."""
         if self.kind == YAML:
             return "read as a verl YAML document"
-        head = f"read as a command line of {len(self.overrides)} override(s)"
-        return head + (f"; not read: {' '.join(self.skipped)}" if self.skipped else "")
+        where = f" at line {self.script.line}" if self.script is not None and self.script.module else ""
+        head = f"read {len(self.overrides)} verl override(s){where}"
+        if self.script is not None and self.script.module:
+            head += f" ({self.script.module})"
+        parts = [head]
+        if self.not_read:
+            parts.append("not read: " + "; ".join(f"{arg} ({why})" for arg, why in self.not_read))
+        if self.script is not None and self.script.assumed:
+            parts.append(self.script.assumed_line())
+        return "; ".join(parts)
 
 
 def _first_line(text: str) -> str:
@@ -54,51 +69,89 @@ def is_yaml(text: str) -> bool:
     return bool(_YAML_START.match(_first_line(text)))
 
 
-def _is_hydra_flag(token: str) -> bool:
-    return token.split("=", 1)[0] in _HYDRA_FLAGS
+def _path_like(key: str) -> bool:
+    return key.endswith(("path", "_dir", "files"))
 
 
-def split_command_line(text: str) -> tuple[list[str], list[str]]:
-    """The Hydra overrides of a shell command line and the tokens skipped. Backslash line continuations, quotes
-    and ``#`` comments are read as a shell reads them; env assignments and the program before the first override,
-    Hydra's own flags, ``$@`` and everything from a pipe or redirection on are skipped. A stray word after the
-    overrides is kept, so ``VerlConfig.override`` reports it (not of the form key=value)."""
-    try:  # a backslash at the end of a line continues it (shlex would keep the newline as a token)
-        tokens = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True, posix=True)
-    except ValueError as exc:  # an unclosed quote
-        raise ConfigError(f"cannot read the command line: {exc}.") from None
-    overrides: list[str] = []
-    skipped: list[str] = []
-    started = False
-    for i, tok in enumerate(tokens):
-        if tok in _SHELL_STOP or re.match(r"^\d*>", tok):
-            skipped.append(" ".join(tokens[i:]))
-            break
-        if tok in ("$@", "$*", "${@}") or _is_hydra_flag(tok):
-            skipped.append(tok)
-        elif _OVERRIDE.match(tok) and (started or "." in tok.split("=", 1)[0] or tok.startswith(("~", "+"))):
-            started = True
-            overrides.append(tok)
-        elif not started and (_ENV.match(tok) or not tok.startswith(("~", "+"))):
-            skipped.append(tok)  # VAR=1, the program, -m, the module, --nproc_per_node=8 ...
-        else:
-            overrides.append(tok)
-    return overrides, skipped
+def script_overrides(read: ScriptRead, extra: Iterable[str] = ()) -> ConfigText:
+    """The overrides of a script's launch (ConfigError for a base labkit does not model, or an unknown value on a
+    key labkit models). An unknown value on a key labkit does not model is listed in ``not_read``; on a path key
+    whose unknown part is only the directory (``$HOME/models/Qwen2.5-7B``) it is read as ``…/models/Qwen2.5-7B``."""
+    out = ConfigText(OVERRIDES, script=read)
+    args: list[str] = []
+    blocking: list[str] = []
+    for a in read.args:
+        if a.unknown is None:
+            args.append(a.text)
+            continue
+        key, eq, value = a.text.partition("=")
+        path = key.lstrip("+~")
+        if not eq or MARK in key or a.text.startswith("-"):
+            raise ConfigError(f"{a.unknown}; it decides the argument '{a.shown()}'")
+        if path in KEYS and not (_path_like(path) and "/" in value and MARK not in value.rsplit("/", 1)[1]):
+            blocking.append(f"{a.unknown}; it decides '{a.shown()}', a key labkit models")
+        out.not_read.append((a.shown(), a.unknown))
+        if path in KEYS:
+            args.append(a.shown())
+    extra = list(extra)
+    passed = read.args[-len(extra) :] if extra else []
+    if extra and [a.text for a in passed] != extra:
+        args.extend(extra)  # the script does not pass "$@": the user's overrides are applied after its own
+    try:
+        hydra = split_hydra_args(args)
+        check_base(hydra, read.module)
+    except HydraError as exc:
+        raise ConfigError(f"line {read.line}: {exc}") from None
+    out.overrides = hydra.overrides
+    out.skipped = [*read.launcher, *([f"-m {read.module}"] if read.module else [])]
+    if hydra.config_name or hydra.config_path:
+        out.skipped.append(f"--config-name={hydra.base()}")
+    out.skipped.extend(hydra.hydra)
+    if blocking:
+        more = f" ({len(blocking) - 1} more such argument(s))" if len(blocking) > 1 else ""
+        raise _with_read(ConfigError(blocking[0] + more), out)
+    return out
 
 
-def read_config_text(text: str) -> ConfigText:
-    """Which kind of config ``text`` is, and what it holds (ConfigError for an unreadable command line)."""
+def _with_read(exc: ConfigError, read: ConfigText) -> ConfigError:
+    """``exc`` carrying what was read (``exc.read``), so a caller can list it beside the error."""
+    exc.read = read
+    return exc
+
+
+def read_config_text(text: str, extra: Iterable[str] = (), sets: Mapping[str, str] | None = None) -> ConfigText:
+    """Which kind of config ``text`` is, and what it holds; ``extra``: arguments given after a script (its
+    ``$@``), ``sets``: ``--set NAME=VALUE``. ConfigError for a text labkit cannot read."""
     text = text.replace("\r\n", "\n")
     if is_yaml(text):
         return ConfigText(YAML, yaml_text=text)
-    overrides, skipped = split_command_line(text)
-    return ConfigText(OVERRIDES, overrides=overrides, skipped=skipped)
+    try:
+        read = read_script(text, extra=extra, sets=sets)
+    except LaunchError as exc:
+        raise ConfigError(f"{exc}") from None
+    return script_overrides(read, extra)
 
 
-def load_pasted_config(text: str, profile: str = "engine", extra: Iterable[str] = ()) -> tuple[VerlConfig, ConfigText]:
-    """The config a pasted YAML or command line describes, for ``profile``, with ``extra`` overrides applied last
-    (e.g. the loop a dashboard picks); ConfigError as ``load_config`` raises it."""
-    read = read_config_text(text)
+def load_pasted_config(
+    text: str, profile: str = "engine", extra: Iterable[str] = (), sets: Mapping[str, str] | None = None
+) -> tuple[VerlConfig, ConfigText]:
+    """The config a YAML or a launch script describes, for ``profile``, with ``extra`` overrides applied last
+    (e.g. the loop a dashboard picks); ConfigError as ``load_config`` raises it, and when the text holds no
+    override at all (verl's defaults are not judged for a text labkit did not understand)."""
+    read = read_config_text(text, sets=sets)
     if read.kind == YAML:
         return load_config_text(read.yaml_text, extra, profile=profile), read
+    if not read.overrides and not read.not_read:
+        raise _with_read(ConfigError(f"{NOTHING_READ} ({read.describe()})"), read)
     return load_config(None, [*read.overrides, *extra], profile=profile), read
+
+
+def load_script_config(
+    text: str, extra: Iterable[str] = (), profile: str = "engine", sets: Mapping[str, str] | None = None
+) -> tuple[VerlConfig, ConfigText]:
+    """``labkit check|plan|memory SCRIPT [overrides]``: ``extra`` are the script's ``$@`` (applied after its own
+    overrides when it does not pass them on)."""
+    read = read_config_text(text, extra=extra, sets=sets)
+    if read.kind == YAML:
+        return load_config_text(read.yaml_text, extra, profile=profile), read
+    return load_config(None, read.overrides, profile=profile), read

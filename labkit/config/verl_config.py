@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from labkit.config.hydra_overrides import HydraError, parse_override
 from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
 from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, load_yaml, read_config_text
 
@@ -123,6 +124,7 @@ class VerlConfig:
     profile: str = "engine"
     values: dict[str, Any] = field(default_factory=dict)
     ignored: dict[str, Any] = field(default_factory=dict)
+    added: dict[str, Any] = field(default_factory=dict)  # +key=value outside verl's schema: accepted, not modelled
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -164,7 +166,7 @@ class VerlConfig:
         return _coerce(KEYS[path], default, f"interpolation default of '{path}'")
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("profile", "values", "ignored"):
+        if name.startswith("_") or name in ("profile", "values", "ignored", "added"):
             raise AttributeError(name)
         return _Node(self, name)
 
@@ -207,32 +209,58 @@ class VerlConfig:
         return self
 
     def override(self, overrides: Iterable[str]) -> VerlConfig:
-        """Apply Hydra-style overrides: ``a.b=1``, ``+a.b=1`` (same here), ``~a.b`` (back to default)."""
+        """Apply Hydra overrides (``labkit.config.hydra_overrides``): ``a.b=1``; ``+a.b=1`` adds a key (a key
+        outside verl's schema is kept in ``added``, not modelled; Hydra's error when the key already holds a
+        value); ``++a.b=1`` adds or sets; ``~a.b`` deletes (a modelled key goes back to verl's default)."""
         for item in overrides:
-            item = item.strip()
-            if item.startswith("--"):
-                raise ConfigError(f"'{item}': verl's entry point takes 'key=value' (no '--' prefix, no '--config.').")
-            if item.startswith("~"):
-                path = item[1:].split("=", 1)[0]
+            try:
+                ov = parse_override(item)
+            except HydraError as exc:
+                raise ConfigError(str(exc)) from None
+            path = ov.key
+            if ov.is_group:
+                self.ignored[path] = ov.raw
+                continue
+            if ov.prefix == "~":
                 if path not in KEYS:
                     self.set(path, None, origin=f"'{item}'")  # raises for unknown keys
                 self.values.pop(path, None)
+                self.ignored.pop(path, None)
+                self.added.pop(path, None)
                 continue
-            if "=" not in item:
-                raise ConfigError(f"Override '{item}' is not of the form key=value.")
-            path, raw = item.split("=", 1)
-            path = path.lstrip("+").strip()
+            raw = ov.raw or ""
             try:
                 value = _override_value(raw) if raw.strip() else None
             except yaml.YAMLError as exc:
                 raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {describe(exc)}") from None
             except YamlInputError as exc:
                 raise ConfigError(f"Override '{item}': cannot parse value {raw!r}: {exc}") from None
+            if ov.prefix and self._outside_schema(path):
+                self.added[path] = value
+                continue
+            if ov.prefix == "+" and self._holds_value(path):
+                raise ConfigError(f"Could not append to config. An item is already at '{path}'.")
             self.set(path, value, origin=f"override '{item}'")
         return self
 
+    def _outside_schema(self, path: str) -> bool:
+        """A key neither labkit nor verl's ppo_trainer.yaml has (``+`` adds it, e.g. ``model.override_config.x``)."""
+        global _VERL_KEYS
+        if _VERL_KEYS is None:
+            _VERL_KEYS = _verl_keys()
+        return path not in KEYS and path not in _VERL_KEYS
+
+    def _holds_value(self, path: str) -> bool:
+        """Whether ``path`` already holds a non-null value (Hydra's ``+`` refuses to add it again)."""
+        key = KEYS.get(path)
+        if key is None or self.profile not in key.profiles:
+            return False  # an unmodelled verl key: its YAML value is not known here
+        if path in self.values:
+            return self.values[path] is not None
+        return key.follows is not None or key.default_for(self.profile) is not None
+
     def copy(self) -> VerlConfig:
-        return VerlConfig(self.profile, dict(self.values), dict(self.ignored))
+        return VerlConfig(self.profile, dict(self.values), dict(self.ignored), dict(self.added))
 
     # -- derived quantities, named as verl names them ---------------------------------------------
     @property
