@@ -207,7 +207,11 @@ JS_HELPERS = """() => {
     cells: (path) => find(path).content.model.toJSON().cells.map(c => ({
         type: c.cell_type, count: c.execution_count === undefined ? null : c.execution_count,
         tags: (c.metadata && c.metadata.tags) || [], source: String(c.source).slice(0, 120),
-        outputs: (c.outputs || []).map(o => ({type: o.output_type, ename: o.ename || '', evalue: o.evalue || ''}))})),
+        outputs: (c.outputs || []).map(o => ({type: o.output_type, ename: o.ename || '', evalue: o.evalue || '',
+          name: o.name || '', text: String(o.text || '').slice(0, 200),
+          widget: !!(o.data && o.data['application/vnd.jupyter.widget-view+json'])}))})),
+    // the notebooks open in the main area (each has a kernel)
+    openNotebooks: () => Array.from(app.shell.widgets('main')).filter(w => w.context && w.sessionContext).length,
     save: (path) => { const w = find(path); app.shell.activateById(w.id); app.commands.execute('docmanager:save');
                       return true; },
     dirty: (path) => find(path).context.model.dirty,

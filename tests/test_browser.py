@@ -120,6 +120,16 @@ def _check_cells(name: str, cells: list[dict]) -> None:
     assert code and not not_run, f"{name}: a cell did not run: {not_run[:1]}"
 
 
+def _check_clean_outputs(name: str, cells: list[dict]) -> None:
+    """What a user sees after Run All: no stderr block (a red box that reads as an error), and every ``if
+    INTERACTIVE:`` section shows its widgets (the lab runs the notebook's defaults, INTERACTIVE = True)."""
+    stderr = [o["text"] for c in cells if c["type"] == "code" for o in c["outputs"] if o["name"] == "stderr"]
+    assert not stderr, f"{name}: stderr in a clean run: {stderr[:3]}"
+    sections = [c for c in cells if c["type"] == "code" and c["source"].startswith("if INTERACTIVE")]
+    empty = [c["source"][:60] for c in sections if not any(o["widget"] for o in c["outputs"])]
+    assert not empty, f"{name}: an interactive section shows no widget after Run All: {empty}"
+
+
 # JupyterLab's own noise, not the notebook's: its debugger asks a new kernel for its state, and a tab closed before the
 # answer (a notebook only opened) cancels the request
 BENIGN_CONSOLE = ("Could not restore the debugger state: Canceled future for debug_request",)
@@ -334,6 +344,8 @@ def test_notebook_runs_in_the_browser(lab, path):
         if run:
             cells = jl.run_notebook(page, path, BROWSER_PARAMS.get(stem, ""), timeout_s=RUN_TIMEOUT_S)
             print(f"{path}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
+            kernels, open_tabs = len(server.api("/api/kernels")), page.evaluate("() => window.__lab.openNotebooks()")
+            assert kernels == open_tabs == 1, f"{path}: {kernels} kernels for {open_tabs} open notebook(s)"
         else:
             shown = jl.open_notebook(page, path)
             assert shown == len(json.loads((server.root / path).read_text())["cells"])
@@ -344,6 +356,7 @@ def test_notebook_runs_in_the_browser(lab, path):
         jl.save_and_close(page, path, save=done)
     if run:
         _check_cells(path, cells)
+        _check_clean_outputs(path, cells)
         RAN.add(path)
     _no_console_errors(path, console_errors)
 

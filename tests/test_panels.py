@@ -385,3 +385,22 @@ def test_the_live_step_panel_offers_only_tp_sizes_the_model_splits_into():
     from labkit.ui.trainer_panels import live_step_panel
 
     assert control(live_step_panel(), "rollout TP").options == (1, 2)
+
+
+def test_showing_a_figure_never_loads_plotlys_renderers():
+    """labkit's figures display plotly's mime bundle themselves: plotly.io's renderers (and the nbformat and
+    jsonschema they import, seconds per kernel) never load, in a shell as a notebook kernel has one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance()\n"
+        "from labkit.ui import balance_figures\n"
+        "fig = balance_figures.bucket_bars({'a': [1, 2]}, budget=3, title='t')\n"
+        "fig.show(); fig._ipython_display_()\n"
+        "loaded = [m for m in ('nbformat', 'jsonschema', 'plotly.io._renderers') if m in sys.modules]\n"
+        "print(type(fig).__name__, loaded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "Figure []", done.stdout[-500:]

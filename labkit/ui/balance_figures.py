@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from labkit.rules.geometry import workload
-from labkit.ui.figure_style import PALETTE, hline, hline_spec, plain_figure, set_layout
+from labkit.ui.figure_style import PALETTE, Figure, hline, hline_spec, plain_figure, set_layout
 
 TOKENS = "real tokens"
 
@@ -33,7 +33,7 @@ def bucket_bars(
     groups: Mapping[str, Sequence[int]], budget: int | None = None, title: str = "micro-batches of one rank"
 ) -> go.Figure:
     """Tokens per micro-batch for several strategies side by side (x = micro-batch in execution order)."""
-    fig = go.Figure()
+    fig = Figure()
     for i, (name, tokens) in enumerate(groups.items()):
         fig.add_trace(
             go.Bar(
@@ -118,7 +118,7 @@ def sp_split(
     title: str = "one DP group: micro-batch vs what each SP rank holds",
 ) -> go.Figure:
     """A DP group's micro-batches (packed to ≤ budget·sp) next to the slice each SP rank holds after the split."""
-    fig = go.Figure()
+    fig = Figure()
     xs = [f"micro {i}" for i in range(len(micro_tokens))]
     fig.add_trace(
         go.Bar(
@@ -165,7 +165,7 @@ def rank_totals(
     groups: Mapping[str, Sequence[int]], title: str = "tokens per DP rank", what: str = TOKENS
 ) -> go.Figure:
     """Per-DP-rank totals for several cases side by side, with max/min in the legend."""
-    fig = go.Figure()
+    fig = Figure()
     for i, (name, values) in enumerate(groups.items()):
         fig.add_trace(
             go.Bar(

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import torch
 
 from labkit.plan.rollout_engine import EnginePlan
+from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 
 
@@ -21,7 +22,7 @@ def plan_table_html(plan: EnginePlan) -> str:
 def gap_per_token(gaps: Mapping[str, Mapping[str, torch.Tensor]]) -> go.Figure:
     """|rollout − actor| log-prob of every response token against its position, one series per engine dtype
     (``gaps[label]`` from ``labkit.rl.rollout_metrics.token_gap``); a log axis, zeros drawn at 1e-9."""
-    fig = go.Figure()
+    fig = Figure()
     for k, (label, g) in enumerate(gaps.items()):
         fig.add_trace(
             go.Scatter(
@@ -45,7 +46,7 @@ def gap_per_token(gaps: Mapping[str, Mapping[str, torch.Tensor]]) -> go.Figure:
 def micro_batch_gap(gaps: Mapping[str, Mapping[int, torch.Tensor]]) -> go.Figure:
     """Box per (dtype, micro-batch size) of |log-prob − its micro-batch-1 value| (``rollout_metrics.micro_batch_gap``):
     the same tokens, the same weights, only the batch shape differs."""
-    fig = go.Figure()
+    fig = Figure()
     for k, (label, per_micro) in enumerate(gaps.items()):
         for micro, d in per_micro.items():
             fig.add_trace(

@@ -75,6 +75,26 @@ def hline(fig: go.Figure, y: float, text: str, color: str | None = "#444") -> No
 _AS_SPECS: ContextVar[bool] = ContextVar("labkit_figure_specs", default=False)
 
 
+def _display_plotly(spec_json: str) -> None:
+    """Display a figure's JSON as plotly's mime bundle in a notebook kernel (outside one there is nowhere to draw)."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    if get_ipython() is not None:
+        display({"application/vnd.plotly.v1+json": json.loads(spec_json)}, raw=True)
+
+
+class Figure(go.Figure):
+    """A plotly Figure that ``show()`` (and a cell's last value) displays as plotly's mime bundle directly: plotly.io's
+    renderers import nbformat and jsonschema on first use, 3 s on a quiet core and 7-10 s on busy ones, per kernel."""
+
+    def show(self, *args: Any, **kwargs: Any) -> None:
+        _display_plotly(self.to_json())
+
+    def _ipython_display_(self) -> None:
+        _display_plotly(self.to_json())
+
+
 class FigureSpec(dict):
     """A figure as plotly.js reads it (``data``, ``layout``), shown without building a ``go.Figure``."""
 
@@ -83,15 +103,10 @@ class FigureSpec(dict):
 
     def figure(self) -> go.Figure:
         """The validated plotly Figure of this spec."""
-        return go.Figure(dict(self))
+        return Figure(dict(self))
 
     def show(self) -> None:
-        """Display it as plotly's mime bundle in a notebook kernel (outside one there is nowhere to draw)."""
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is not None:
-            display({"application/vnd.plotly.v1+json": json.loads(self.to_json())}, raw=True)
+        _display_plotly(self.to_json())
 
 
 @contextmanager
@@ -109,7 +124,7 @@ def plain_figure(data: list[dict], title: str, x: str, y: str, height: int = 360
     spec = merged(layout_spec(title, x, y, height, _LIGHT_DICT), layout)
     if _AS_SPECS.get():
         return FigureSpec(data=data, layout=spec)
-    return go.Figure(data=data, layout=spec, _validate=False)
+    return Figure(data=data, layout=spec, _validate=False)
 
 
 def validated(fig: go.Figure | FigureSpec) -> go.Figure:

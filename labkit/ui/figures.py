@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from labkit.trace import StepTrace
-from labkit.ui.figure_style import PALETTE, hline_spec, plain_figure, set_layout
+from labkit.ui.figure_style import PALETTE, Figure, hline_spec, plain_figure, set_layout
 
 UNITS = {
     "rows": "rows (samples)",
@@ -79,7 +79,7 @@ def micro_batch_stack(trace: StepTrace, stage: str, metric: str = "tokens", budg
 
 def compare_bars(predicted: StepTrace, observed: StepTrace, stage: str, metric: str = "rows") -> go.Figure:
     """Prediction next to observation, per rank, for one stage."""
-    fig = go.Figure()
+    fig = Figure()
     for tr, name, color in ((predicted, "predicted (plan)", PALETTE[0]), (observed, "observed (live)", PALETTE[1])):
         recs = tr.at(stage)
         fig.add_trace(
@@ -112,7 +112,7 @@ def before_after(before: Sequence[float], after: Sequence[float], what: str = "t
 
 def mesh_grid(groups: Sequence[Sequence[int]], title: str = "rollout TP groups", label: str = "TP group") -> go.Figure:
     """Draw ranks as cells, one row per group (e.g. rollout TP groups [[0,1],[2,3],[4,5]])."""
-    fig = go.Figure()
+    fig = Figure()
     for g, ranks in enumerate(groups):
         fig.add_trace(
             go.Scatter(

@@ -8,6 +8,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 
 OUTCOME_COLOR = {"timeout": "#E45756", "raised": "#000000", "stopped": "#F58518", "waiting": "#E45756"}
@@ -17,7 +18,7 @@ def collective_timeline(events: Sequence[dict[str, Any]], title: str = "collecti
     """One horizontal bar per logged event (``labkit.hangs.diagnosis.timeline``), rank on the y axis, seconds from
     the first event on the x axis; collectives that completed are coloured by name, a wait that ended in the
     timeout is red, a rank that raised is a black mark, a loop the lab stopped is orange."""
-    fig = go.Figure()
+    fig = Figure()
     names = sorted({e["collective"] for e in events if e["outcome"] == "ok" and e.get("group") is not None})
     color = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
     shown: set[str] = set()
@@ -54,7 +55,7 @@ def collective_timeline(events: Sequence[dict[str, Any]], title: str = "collecti
 def issued_counts(diagnosis: Any, title: str = "collectives issued per rank") -> go.Figure:
     """Grouped bars: how many of each collective every rank entered (completed + the one it waited in)."""
     names = sorted({k for r in diagnosis.ranks for k in r.issued})
-    fig = go.Figure()
+    fig = Figure()
     for i, r in enumerate(diagnosis.ranks):
         fig.add_trace(
             go.Bar(
@@ -70,6 +71,6 @@ def issued_counts(diagnosis: Any, title: str = "collectives issued per rank") ->
 
 def risk_by_budget(budgets: Sequence[int], probabilities: Sequence[float], title: str) -> go.Figure:
     """Probability of hang (a) over drawn lengths against the token budget per GPU."""
-    fig = go.Figure(go.Scatter(x=list(budgets), y=list(probabilities), mode="lines+markers", marker_color=PALETTE[3]))
+    fig = Figure(go.Scatter(x=list(budgets), y=list(probabilities), mode="lines+markers", marker_color=PALETTE[3]))
     fig.update_yaxes(range=[0, 1])
     return _layout(fig, title, "log_prob_max_token_len_per_gpu (tokens)", "share of drawn batches that hang")

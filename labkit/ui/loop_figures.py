@@ -5,13 +5,14 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from labkit.trace import StepTrace
+from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 
 
 def rank_order(traces: dict[str, StepTrace], lengths: dict[str, list[int]], dp_rank: int = 0) -> go.Figure:
     """Tokens of each row of one DP rank in the order the rank holds them, per loop: v0 sorts small…large…small,
     v1 keeps completion order with its padding rows (128 tokens) last. ``lengths[loop]``: the plan's row lengths."""
-    fig = go.Figure()
+    fig = Figure()
     for k, (loop, tr) in enumerate(traces.items()):
         rec = next((r for r in tr.at("balance") if r.dp_rank == dp_rank), None)
         if rec is None:
@@ -31,7 +32,7 @@ def rank_order(traces: dict[str, StepTrace], lengths: dict[str, list[int]], dp_r
 
 def rows_per_rank(traces: dict[str, StepTrace], stage: str = "old_log_prob") -> go.Figure:
     """Rows and real tokens per DP rank at ``stage``, one bar group per loop (v1 includes its padding rows)."""
-    fig = go.Figure()
+    fig = Figure()
     for k, (loop, tr) in enumerate(traces.items()):
         recs = {r.dp_rank: r for r in tr.at(stage)}
         fig.add_trace(

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from labkit.protocol.data_proto import DataProto
 from labkit.trace import StepTrace
 from labkit.trainer.live_rollout import RETURNED, LiveRollout, returned, rollout_config
+from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 
 
@@ -26,7 +27,7 @@ def rows_per_rank(trace: StepTrace, stage: str = "generate") -> go.Figure:
         ("generated on", [r.rows for r in recs]),
         ("returned to the driver", [r.extra["out_rows"] if r.extra["collected"] else 0 for r in recs]),
     )
-    fig = go.Figure(
+    fig = Figure(
         [
             go.Bar(x=x, y=y, name=name, marker_color=PALETTE[i], text=y, textposition="auto")
             for i, (name, y) in enumerate(series)
@@ -41,7 +42,7 @@ def rows_per_rank(trace: StepTrace, stage: str = "generate") -> go.Figure:
 def response_lengths(out: DataProto, trace: StepTrace, stage: str = "generate") -> go.Figure:
     """Response lengths (tokens up to and including EOS) of the rows each returning rank produced, one box per rank."""
     lengths = out.batch["response_length"].tolist()
-    fig, start = go.Figure(), 0
+    fig, start = Figure(), 0
     for r in trace.at(stage):
         if not r.extra["collected"]:
             continue
@@ -64,7 +65,7 @@ def generate_time(trace: StepTrace, stage: str = "generate") -> go.Figure:
     """Wall time each rank spent in the call (generate, plus the all-gather in the ≤v0.5 variant)."""
     recs = trace.at(stage)
     y = [round(r.extra["elapsed_s"], 2) for r in recs]
-    fig = go.Figure(go.Bar(x=[_label(r) for r in recs], y=y, text=y, textposition="auto", marker_color=PALETTE[3]))
+    fig = Figure(go.Bar(x=[_label(r) for r in recs], y=y, text=y, textposition="auto", marker_color=PALETTE[3]))
     return _layout(fig, "time in the call per rank", "global rank", "time (s)")
 
 
@@ -114,7 +115,7 @@ def side_by_side(pred: StepTrace, obs: StepTrace, out: DataProto, stage: str = "
             ),
         ):
             cols[key].append(val)
-    fig = go.Figure(
+    fig = Figure(
         go.Table(
             header=dict(values=list(cols), fill_color=PALETTE[0], font=dict(color="white")),
             cells=dict(values=list(cols.values())),
@@ -173,7 +174,7 @@ def params_per_rank(info: Sequence[dict]) -> go.Figure:
     """Parameters each rank holds after TP sharding (from init_model's report), against the full model."""
     x = [f"rank {i['rank']}<br>TP group {i['tp_group']}" for i in info]
     y = [i["params_local"] for i in info]
-    fig = go.Figure(go.Bar(x=x, y=y, text=y, textposition="auto", marker_color=PALETTE[4]))
+    fig = Figure(go.Bar(x=x, y=y, text=y, textposition="auto", marker_color=PALETTE[4]))
     fig.add_hline(y=info[0]["params_full"], line_dash="dash", annotation_text=f"full model {info[0]['params_full']}")
     return _layout(
         fig,

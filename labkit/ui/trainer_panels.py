@@ -15,6 +15,7 @@ from labkit.config.verl_config import VerlConfig
 from labkit.trace import StepTrace
 from labkit.trainer.grpo_trainer import trainer_config
 from labkit.ui import figures, lessons
+from labkit.ui.figure_style import Figure
 from labkit.ui.html_table import html_table
 
 RANK_STAGES = ("generate", "balance", "old_log_prob", "ref_log_prob", "update_actor")
@@ -55,7 +56,7 @@ def step_config(
 def token_balance(trace: StepTrace, stages: Sequence[str] = RANK_STAGES) -> go.Figure:
     """Tokens per rank at every rank stage of one step (grouped bars; x = global rank). ``generate`` counts the prompt
     tokens a rollout rank receives; the later stages count prompt + response tokens (attention_mask sum)."""
-    fig = go.Figure()
+    fig = Figure()
     for stage in stages:
         recs = trace.at(stage)
         if recs:
@@ -71,7 +72,7 @@ def token_balance(trace: StepTrace, stages: Sequence[str] = RANK_STAGES) -> go.F
 
 def peak_memory(trace: StepTrace) -> go.Figure:
     """Peak resident memory (MiB, ru_maxrss) per rank after each rank stage of the live step."""
-    fig = go.Figure()
+    fig = Figure()
     for stage in RANK_STAGES:
         recs = [r for r in trace.at(stage) if r.bytes_measured]
         if recs:
@@ -90,7 +91,7 @@ def peak_memory(trace: StepTrace) -> go.Figure:
 def reward_curve(history: Sequence[dict], title: str = "mean rule reward per GRPO step") -> go.Figure:
     """critic/score/mean per GRPO step."""
     steps = [int(h["training/global_step"]) for h in history]
-    fig = go.Figure(
+    fig = Figure(
         go.Scatter(x=steps, y=[h["critic/score/mean"] for h in history], mode="lines+markers", name="critic/score/mean")
     )
     fig.update_layout(title=title, xaxis_title="GRPO step", yaxis_title="critic/score/mean (fraction correct, 0–1)")

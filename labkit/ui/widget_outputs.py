@@ -39,10 +39,3 @@ def text_output(text: str) -> dict:
 def show(out: Any, *outputs: dict) -> None:
     """Replace what ``out`` (an ``ipywidgets.Output``) shows with ``outputs``, in one state update (no flicker)."""
     out.outputs = tuple(outputs)
-
-
-def display_figure(fig: Any) -> None:
-    """Display a plotly figure in the cell's output as ``fig.show()`` does, without plotly.io's renderer registry."""
-    from IPython.display import display
-
-    display(figure_output(fig)["data"], raw=True)
