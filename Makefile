@@ -47,9 +47,10 @@ $(STAMP): pyproject.toml Makefile
 lab: venv notebook-filter
 	$(PY) -m labkit.ui.lab_server --port $(LAB_PORT) --root $(CURDIR)
 
-# two test processes (pytest-xdist); --dist loadfile keeps each test file, and its module fixtures, on one of them
+# two test processes (pytest-xdist); each test file is one group (its module fixtures start once), each notebook run
+# its own (tests/conftest.py)
 test: venv lint notebook-filter
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 # git sees notebooks without their outputs (labkit/ui/notebook_filter.py; .gitattributes names the filter)
 notebook-filter: venv

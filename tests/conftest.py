@@ -12,7 +12,14 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip on machines without CUDA, and say so."""
+    """Tests marked ``gpu`` skip on machines without CUDA, and say so. For pytest-xdist's ``--dist loadgroup`` (``make
+    test``), every test file is one group, so its module fixtures (a vLLM group, a Ray cluster) start once; each
+    notebook run is a group of its own, so the notebooks spread over both workers."""
+    for item in items:
+        group = item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("notebook") and getattr(item, "callspec", None) is not None:
+            group += "::" + item.callspec.id
+        item.add_marker(pytest.mark.xdist_group(group))
     try:
         import torch
 
