@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     doc = "the arguments a launch script passes to verl's entry point, read as bash reads it (never run)"
     s = sub.add_parser("read", help=doc, description=doc)
     s.add_argument("script", metavar="SCRIPT|-", help="a launch script, or - for standard input")
-    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments given after the script (its $@)")
+    s.add_argument("args", nargs="*", help="arguments given after the script (its $@; after -- if one starts with -)")
     s.add_argument("--set", action="append", metavar="NAME=VALUE", help=SET_HELP)
     doc = "what an error code means: verl's message, exception, where, versions, when, why"
     s = sub.add_parser("explain", help=doc, description=doc)

@@ -217,3 +217,60 @@ def test_script_reader_is_linear_on_a_long_script():
     read = read_script(lines + "python3 -m verl.trainer.main_ppo a=$V19999")
     assert read.args[0].text == "a=19999" and time.perf_counter() - t0 < 10
     assert os.environ.get("V1") is None
+
+
+# -- the two scripts of the issue: one reader for the CLI and the dashboard ----------------------------------------
+QWEN3_4B = DATA / "verl-1dda039" / "examples" / "grpo_trainer" / "run_qwen3_4b_fsdp.sh"
+DAPO = DATA / "verl-9cd3542" / "examples" / "gmpo_trainer" / "test_dapo_7b_math.sh"
+
+
+def test_dapo_script_gets_an_answer_from_check(capsys):
+    from labkit.cli import main
+    from labkit.config.text_input import load_script_config
+
+    rc = main(["check", str(DAPO)])
+    out = capsys.readouterr()
+    assert rc in (0, 1) and out.out.startswith("verl "), out
+    assert "read 69 verl override(s) at line 66" in out.err and "not read: data.train_files=…/verl/data" in out.err
+    cfg, read = load_script_config(DAPO.read_text())
+    assert cfg.added == {
+        "actor_rollout_ref.model.override_config.max_position_embeddings": 32768,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+        "reward.reward_kwargs.overlong_buffer_cfg.len": 4096,
+        "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+        "reward.reward_kwargs.overlong_buffer_cfg.log": False,
+        "reward.reward_kwargs.max_resp_len": 8192,
+    }  # +key=value outside verl's schema: accepted, not modelled
+    assert cfg.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu") == (2048 + 8192) * 2  # $(((a + b) * 2))
+    assert cfg.get("data.train_batch_size") == 512 and cfg.n_gpus == 64  # ${NNODES:-8} x ${NGPUS_PER_NODE:-8}
+    assert cfg.get("actor_rollout_ref.model.path") == "…/verl/models/Qwen2.5-Math-7B"  # $HOME is the caller's
+    assert main(["read", str(DAPO), "--set", "HOME=/home/me"]) == 0
+    assert "data.train_files=/home/me/verl/data/dapo-math-17k.parquet" in capsys.readouterr().out.splitlines()
+
+
+def test_pasted_qwen3_4b_script_shows_its_micro_size_and_dynamic_batching():
+    from labkit.ui import dashboard_state as S
+    from labkit.ui.dashboard_view import render
+
+    text = QWEN3_4B.read_text()
+    st = S.quick(S.Inputs(text))
+    view = render(st)
+    # read: the micro size and dynamic batching set through ACTOR=( ... ) and ${VAR:-default}
+    for item in ("ppo_micro_batch_size_per_gpu=2", "actor.use_dynamic_bsz=True", "ppo_max_token_len_per_gpu=3000"):
+        assert item in view.status, item
+    # not judged: the GPU count and memory share depend on DEVICE, which $(python3 -c 'import torch_npu') decides
+    assert st.code == "input" and view.figures == [] and "line 10: command substitution" in str(st.error)
+    st = S.evaluate(S.Inputs("DEVICE=gpu\n" + text))  # what the caller's environment (or --set) says
+    cfg = st.cfg
+    assert cfg.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 2 and st.dynamic
+    assert cfg.get("actor_rollout_ref.actor.use_dynamic_bsz") is True and cfg.n_gpus == 8
+    assert st.report is not None and st.trace is not None
+
+
+def test_a_text_with_no_launch_is_not_judged():
+    from labkit.config.text_input import NOTHING_READ
+    from labkit.ui import dashboard_state as S
+    from labkit.ui.dashboard_view import render
+
+    st = S.quick(S.Inputs("echo hello\nls -l\n"))
+    assert st.code == "input" and str(st.error).startswith(NOTHING_READ) and render(st).figures == []

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from labkit.config.bash_expand import Expander, Refusal, Shell, Val, _Unknown, match_pattern, unknown_val
+from labkit.config.bash_expand import MARK, Expander, Refusal, Shell, Val, _Unknown, match_pattern, unknown_val
 from labkit.config.bash_lex import BashSyntaxError, Lit, Token
 from labkit.config.bash_parse import (
     _ASSIGN,
@@ -285,7 +285,7 @@ class Reader:
             for a in cmd.assigns:
                 self.assign(a, ex, cmd.line)
             return 0
-        fields = [f for w in cmd.words for f in ex.fields(w)]
+        fields = [f for w in cmd.words for f in Expander(self.sh, w.line).fields(w)]  # each word's own line
         prefix = {a.name: ex.value(a.value.parts) if a.value is not None else Val() for a in cmd.assigns}
         if fields and fields[0].text == "exec" and not fields[0].unknown:
             fields = fields[1:]
@@ -413,7 +413,7 @@ class Reader:
         if a.index is not None and a.array is None:
             raise Refusal(line, f"{a.name}[{a.index}]= (an array element assignment)")
         if a.array is not None:
-            items = [f for w in a.array for f in ex.fields(w)]
+            items = [f for w in a.array for f in Expander(self.sh, w.line).fields(w)]
             items = [self.from_set(a.name, v, line) if v.unknown else v for v in items]
             if a.append:
                 base = self.sh.arrays.get(a.name)
@@ -452,8 +452,14 @@ def _merge(shells: list[Shell], why: str) -> Shell:
         values = [s.arrays[name] if name in s.arrays else s.scalars.get(name) for s in shells]
         if all(v == values[0] for v in values[1:]):
             continue
+        reason = f"${name} depends on {why}"
+        if all(isinstance(v, list) and len(v) == len(values[0]) for v in values):  # arrays: element by element
+            out.scalars.pop(name, None)
+            out.arrays[name] = [_common([v[k] for v in values], reason) for k in range(len(values[0]))]
+            continue
         out.arrays.pop(name, None)
-        out.scalars[name] = unknown_val(f"${name} depends on {why}")
+        known = [v for v in values if isinstance(v, Val)]
+        out.scalars[name] = _common(known, reason) if len(known) == len(values) else unknown_val(reason)
     for s in shells[1:]:
         for k, v in s.assumed.items():
             out.assumed.setdefault(k, v)
@@ -463,6 +469,19 @@ def _merge(shells: list[Shell], why: str) -> Shell:
     if any(s.positional != out.positional for s in shells):
         raise Refusal(0, f"the positional parameters depend on {why}")
     return out
+
+
+def _common(vals: list[Val], why: str) -> Val:
+    """One value for values that differ: the text they all start with, then an unknown part (so the key of
+    ``key=value`` stays known when only the value differs)."""
+    if all(v == vals[0] for v in vals[1:]):
+        return vals[0]
+    first = vals[0].text
+    n = 0
+    while n < len(first) and all(n < len(v.text) and v.text[n] == first[n] for v in vals[1:]):
+        n += 1
+    prefix = first[:n].split(MARK, 1)[0]
+    return Val(prefix + MARK, unknown=next((v.unknown for v in vals if v.unknown), why))
 
 
 def _why_case(word: Val) -> str:

@@ -40,15 +40,18 @@ class ConfigText:
         """The overrides read whose key labkit models (what its verdict depends on)."""
         return [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") in KEYS]
 
-    def describe(self) -> str:
-        """One line: how the text was read, what was not."""
+    def head(self) -> str:
+        """How the text was read, in a few words."""
         if self.kind == YAML:
             return "read as a verl YAML document"
-        where = f" at line {self.script.line}" if self.script is not None and self.script.module else ""
-        head = f"read {len(self.overrides)} verl override(s){where}"
+        head = f"read {len(self.overrides)} verl override(s)"
         if self.script is not None and self.script.module:
-            head += f" ({self.script.module})"
-        parts = [head]
+            head += f" at line {self.script.line} ({self.script.module})"
+        return head + (f", {len(self.not_read)} argument(s) not read" if self.not_read else "")
+
+    def describe(self) -> str:
+        """One line: how the text was read, what was not, what was assumed."""
+        parts = [self.head()]
         if self.not_read:
             parts.append("not read: " + "; ".join(f"{arg} ({why})" for arg, why in self.not_read))
         if self.script is not None and self.script.assumed:
@@ -87,7 +90,9 @@ def script_overrides(read: ScriptRead, extra: Iterable[str] = ()) -> ConfigText:
         key, eq, value = a.text.partition("=")
         path = key.lstrip("+~")
         if not eq or MARK in key or a.text.startswith("-"):
-            raise ConfigError(f"{a.unknown}; it decides the argument '{a.shown()}'")
+            blocking.append(f"{a.unknown}; it decides the argument '{a.shown()}'")
+            out.not_read.append((a.shown(), a.unknown))
+            continue
         if path in KEYS and not (_path_like(path) and "/" in value and MARK not in value.rsplit("/", 1)[1]):
             blocking.append(f"{a.unknown}; it decides '{a.shown()}', a key labkit models")
         out.not_read.append((a.shown(), a.unknown))
@@ -128,7 +133,8 @@ def read_config_text(text: str, extra: Iterable[str] = (), sets: Mapping[str, st
     try:
         read = read_script(text, extra=extra, sets=sets)
     except LaunchError as exc:
-        raise ConfigError(f"{exc}") from None
+        lead = f"{NOTHING_READ}: " if str(exc).startswith("no verl launch") else ""
+        raise ConfigError(f"{lead}{exc}") from None
     return script_overrides(read, extra)
 
 

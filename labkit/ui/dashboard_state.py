@@ -222,6 +222,7 @@ def quick(inputs: Inputs) -> State:
             st.risks = _timed(st, "hang_risk", lambda: config_risks(cfg, None))
     except ConfigError as exc:  # the text, a key, a value, a bad interpolation
         st.error = exc
+        st.read = getattr(exc, "read", st.read)  # what a script passed, listed beside the error
     except Exception as exc:  # noqa: BLE001 - a labkit bug: a card instead of a traceback in the widget log
         st.report, st.error = None, PlanningError(f"labkit failed on this config: {type(exc).__name__}: {exc}")
     with _LOCK:

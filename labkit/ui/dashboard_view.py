@@ -59,8 +59,27 @@ def heading(section: str) -> str:
     )
 
 
+def _read_list(st: State) -> str:
+    """What the reader took from the text, and what it could not: the overrides of keys labkit models, the
+    arguments not read with why, the variables assumed unset (nothing for a YAML document)."""
+    read = st.read
+    if read is None or read.kind == "yaml":
+        return ""
+    rows = [f"<li><code>{html.escape(o)}</code></li>" for o in read.modelled()]
+    other = len(read.overrides) - len(rows)
+    if other:
+        rows.append(f"<li>{other:,} more override(s) of keys labkit does not model</li>")
+    rows += [f"<li>not read: <code>{html.escape(arg)}</code>: {html.escape(why)}</li>" for arg, why in read.not_read]
+    if read.script is not None and read.script.assumed:
+        rows.append(f"<li>{html.escape(read.script.assumed_line())}</li>")
+    return (
+        "<details class='labkit-dash-read' style='font-size:12px;color:#555'>"
+        f"<summary>what labkit read: {html.escape(read.head())}</summary><ul>{''.join(rows)}</ul></details>"
+    )
+
+
 def _status(st: State, pending: bool) -> str:
-    parts = [st.read.describe()] if st.read is not None else ["labkit cannot read the text"]
+    parts = [st.read.head()] if st.read is not None else ["labkit cannot read the text"]
     if st.cfg is not None:
         geo = BatchGeometry.from_config(st.cfg)
         pad = f" + {geo.padding_rows:,} v1 padding rows" if geo.padding_rows else ""
@@ -74,7 +93,7 @@ def _status(st: State, pending: bool) -> str:
     elif "total" in st.timings_ms:
         slow = ", ".join(f"{k} {v:,.0f}" for k, v in st.timings_ms.items() if k != "total" and v >= 1)
         parts.append(f"computed in {st.timings_ms['total']:,.0f} ms" + (f" ({slow})" if slow else ""))
-    return f"<div style='font-size:12px;color:#555'>{html.escape(' · '.join(parts))}</div>"
+    return f"<div style='font-size:12px;color:#555'>{html.escape(' · '.join(parts))}</div>" + _read_list(st)
 
 
 def _verdict(st: State) -> str:
