@@ -357,7 +357,12 @@ def cmd_explain(ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``labkit`` script; returns the exit code (0, 1, 2, or 3 for an internal error)."""
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns, rest = parser.parse_known_args(argv)
+    if rest and (not hasattr(ns, "args") or any(r.startswith("-") for r in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        ns.args = [*ns.args, *rest]  # overrides after an option (--set X=1 key=value)
     try:
         if ns.cmd == "explain":
             return cmd_explain(ns)

@@ -274,3 +274,68 @@ def test_a_text_with_no_launch_is_not_judged():
 
     st = S.quick(S.Inputs("echo hello\nls -l\n"))
     assert st.code == "input" and str(st.error).startswith(NOTHING_READ) and render(st).figures == []
+
+
+# -- Hydra's forms and the command line ----------------------------------------------------------------------------
+def test_hydra_forms():
+    from labkit.config.verl_config import ConfigError, load_config
+
+    cfg = load_config(
+        None,
+        [
+            "+actor_rollout_ref.model.override_config.attention_dropout=0.0",  # outside the schema: added
+            "++data.train_batch_size=64",  # add or override
+            "+data.gen_batch_size=32",  # verl's default is null: + may add it
+            "trainer.logger=['console','wandb']",  # a list (a key verl has, labkit does not model)
+            "actor_rollout_ref.rollout.name='vllm'",  # a quoted value
+            "data.val_batch_size=null",
+            "model_engine=dp",
+            "~trainer.nnodes",
+        ],
+    )
+    assert cfg.added == {"actor_rollout_ref.model.override_config.attention_dropout": 0.0}
+    assert cfg.get("data.train_batch_size") == 64 and cfg.get("data.gen_batch_size") == 32
+    assert cfg.ignored["trainer.logger"] == ["console", "wandb"] and cfg.get("data.val_batch_size") is None
+    with pytest.raises(ConfigError, match=r"Could not append to config. An item is already at 'data.train_batch_size'"):
+        load_config(None, ["+data.train_batch_size=64"])
+    with pytest.raises(ConfigError, match="unknown key 'data.train_batch_sise'"):
+        load_config(None, ["data.train_batch_sise=64"])  # no + : a key outside the schema is a typo
+
+
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer a.b=1", "--config-name ppo_megatron"),
+        ("python3 -m verl.trainer.main_ppo --config-path=/opt/dapo/cfg --config-name=dapo x=1", "in /opt/dapo/cfg"),
+        ("python3 -m verl.trainer.main_ppo model_engine=megatron", "labkit models model_engine=dp only"),
+        ("python3 -m verl.trainer.main_generation_server a=1", "the entry point verl.trainer.main_generation_server"),
+        ("python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$(nproc)", "line 1: command substitution $(nproc)"),
+    ],
+)
+def test_check_refuses_what_it_does_not_model(tmp_path, capsys, script, message):
+    from labkit.cli import main
+
+    path = tmp_path / "run.sh"
+    path.write_text(script)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_labkit_read_cli(tmp_path, capsys, monkeypatch):
+    import io
+
+    from labkit.cli import main
+
+    path = tmp_path / "run.sh"
+    path.write_text('BS=${BS:-64}\npython3 -m verl.trainer.main_ppo data.train_batch_size=$BS "$@"\n')
+    assert main(["read", str(path), "x.y=1", "--set", "BS=8"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["data.train_batch_size=8", "x.y=1"] and out.err == ""
+    assert main(["read", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["data.train_batch_size=64"] and "BS (line 1)" in out.err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"python3 -m verl.trainer.main_ppo a=$(date)\n")))
+    assert main(["read", "-"]) == 2
+    assert "-: line 1: command substitution $(date) is not run" in capsys.readouterr().err
+    assert main(["check", str(path), "--set", "BS=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]) in (0, 1)
