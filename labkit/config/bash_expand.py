@@ -131,7 +131,10 @@ class Expander:
             if isinstance(p, Lit):
                 segs.append((Val(p.text), p.quoted, True))
             elif isinstance(p, Param):
-                segs.extend(self.param(p))
+                try:
+                    segs.extend(self.param(p))
+                except _Unknown as exc:  # an index or offset over an unknown value
+                    segs.append((unknown_val(str(exc.val.unknown)), p.quoted, False))
             elif isinstance(p, CmdSub):
                 got = self.sh.subst(p.text, self.line) if self.sh.subst is not None else None
                 if got is None or got.unknown:
@@ -428,7 +431,10 @@ class _Arith:
             self.k += 1
             return v
         if tok[:1].isdigit():
-            return _wrap(int(tok, 16) if tok[:2].lower() == "0x" else int(tok, 8) if tok[0] == "0" else int(tok))
+            try:
+                return _wrap(int(tok, 16) if tok[:2].lower() == "0x" else int(tok, 8) if tok[0] == "0" else int(tok))
+            except ValueError:
+                raise self.fail(f"{tok}: value too great for base") from None
         if tok[:1].isalpha() or tok[:1] == "_":
             return self.variable(tok)
         raise self.fail(f"unexpected {tok!r}" if tok else "the expression ends early")

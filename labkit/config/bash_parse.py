@@ -157,7 +157,7 @@ class _Parser:
         items = [("", self.pipeline())]
         while self.peek().op in ("&&", "||"):
             conn = self.next().op
-            while self.peek().op == "\n":
+            while not self.at_end() and self.peek().op == "\n":
                 self.i += 1
             items.append((conn, self.pipeline()))
         return AndOr(line, items)
@@ -169,7 +169,7 @@ class _Parser:
         cmds = [self.command()]
         while self.peek().op in ("|", "|&"):
             self.i += 1
-            while self.peek().op == "\n":
+            while not self.at_end() and self.peek().op == "\n":
                 self.i += 1
             cmds.append(self.command())
         return Pipeline(line, cmds, negate)
@@ -261,6 +261,8 @@ class _Parser:
             self.i += 1
             words = []
             while True:
+                if self.at_end():
+                    raise BashSyntaxError(tok.line, f"'{name}=(' is never closed by ')'")
                 t = self.next()
                 if t.op == ")":
                     break
@@ -290,6 +292,8 @@ class _Parser:
                 orelse = self.statements(until=("fi",))
             elif kw == "fi":
                 return If(line, clauses, orelse)
+            else:
+                raise BashSyntaxError(line, "an 'if' is never closed by 'fi'")
 
     def case(self) -> Case:
         line = self.next().line
@@ -328,7 +332,7 @@ class _Parser:
             return self.skip_unsupported(tok, "an arithmetic for loop")
         name = var.literal()
         words = None
-        while self.peek().op == "\n":
+        while not self.at_end() and self.peek().op == "\n":
             self.i += 1
         if self.keyword() == "in":
             self.i += 1
