@@ -8,99 +8,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from labkit.config.bash_arith import ArithEval
 from labkit.config.bash_lex import Arith, BashSyntaxError, CmdSub, Lit, Param, Token, lex_quoted
+from labkit.config.bash_values import IFS, MARK, Refusal, Shell, UnknownValue, Val, short, unknown_val
 
-IFS = " \t\n"
-MAX_VALUE = 1 << 20  # characters in one expanded value (a doubling loop cannot exhaust memory)
+__all__ = ["MARK", "Expander", "Refusal", "Shell", "UnknownValue", "Val", "match_pattern", "unknown_val"]
 
-
-@dataclass(frozen=True)
-class Val:
-    """A string bash would hold, or ``unknown`` (why labkit cannot know it: the line and the construct)."""
-
-    text: str = ""
-    unknown: str | None = None
-    assumed: frozenset[str] = frozenset()
-
-    def __add__(self, other: Val) -> Val:
-        text = self.text + other.text
-        if len(text) > MAX_VALUE:
-            raise Refusal(0, f"a value grows past {MAX_VALUE:,} characters")
-        return Val(text, self.unknown or other.unknown, self.assumed | other.assumed)
-
-
-MARK = "\x00"  # stands for an unknown value inside a text (bash strings never hold a NUL)
-
-
-def unknown_val(why: str) -> Val:
-    """A value labkit does not know, with the reason (the line and the construct)."""
-    return Val(MARK, unknown=why)
-
-
-class Refusal(ValueError):
-    """A construct the reader does not evaluate, reached on the way to the launch (``line`` 1-based)."""
-
-    def __init__(self, line: int, what: str) -> None:
-        super().__init__(f"line {line}: {what}" if line else what)
-        self.line, self.what = line, what
-
-
-@dataclass
-class Shell:
-    """Variables (scalars and indexed arrays), the positional parameters, ``set -u``, and the environment the
-    caller vouches for (``env``: ``--set NAME=VALUE``; every other variable is absent from it)."""
-
-    scalars: dict[str, Val] = field(default_factory=dict)
-    arrays: dict[str, list[Val]] = field(default_factory=dict)
-    positional: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    env_complete: bool = False  # True: a variable absent from env is unset (as in a test's scratch environment)
-    nounset: bool = False
-    assumed: dict[str, int] = field(default_factory=dict)  # variable read as unset -> first line
-    subst: Callable[[str, int], Val | None] | None = None  # evaluates $(...) statically (bash_reader)
-    out: list[Val] | None = None  # what echo/pwd print, inside a command substitution
-
-    def copy(self) -> Shell:
-        return Shell(
-            dict(self.scalars), {k: list(v) for k, v in self.arrays.items()}, list(self.positional), self.env,
-            self.env_complete, self.nounset, dict(self.assumed), self.subst,
-            list(self.out) if self.out is not None else None,
-        )  # fmt: skip
-
-    def is_set(self, name: str) -> bool:
-        return name in self.scalars or name in self.arrays or name in self.env
-
-    def get(self, name: str) -> Val | None:
-        """The scalar value (an array's first element), the environment's, or None when unset."""
-        if name in self.scalars:
-            return self.scalars[name]
-        if name in self.arrays:
-            arr = self.arrays[name]
-            return arr[0] if arr else None
-        if name in self.env:
-            return Val(self.env[name])
-        return None
-
-    def unset_value(self, name: str, line: int, has_default: bool) -> Val:
-        """What an unset variable reads as: empty, with the assumption that the caller's environment lacks it
-        (``${X:-default}``, or a scratch environment); unknown when the script needs the caller to set it."""
-        if self.env_complete:
-            if self.nounset and not has_default:
-                raise Refusal(line, f"${name} is unset and the script runs under set -u (bash stops here)")
-            return Val("")
-        if has_default:
-            self.assumed.setdefault(name, line)
-            return Val("", assumed=frozenset([name]))
-        return unknown_val(
-            f"line {line}: ${name} is never set by the script (the caller's environment sets it); "
-            f"pass --set {name}=VALUE"
-        )
-
-
-# -- words to fields ----------------------------------------------------------------------------------------------
 BREAK = object()  # a field boundary from "$@" or "${A[@]}"
 
 
@@ -133,17 +47,17 @@ class Expander:
             elif isinstance(p, Param):
                 try:
                     segs.extend(self.param(p))
-                except _Unknown as exc:  # an index or offset over an unknown value
+                except UnknownValue as exc:  # an index or offset over an unknown value
                     segs.append((unknown_val(str(exc.val.unknown)), p.quoted, False))
             elif isinstance(p, CmdSub):
                 got = self.sh.subst(p.text, self.line) if self.sh.subst is not None else None
                 if got is None or got.unknown:
-                    got = unknown_val(f"line {self.line}: command substitution $({_short(p.text)}) is not run")
+                    got = unknown_val(f"line {self.line}: command substitution $({short(p.text)}) is not run")
                 segs.append((got, p.quoted, False))
             elif isinstance(p, Arith):
                 try:
                     segs.append((Val(self.arith(p.text)), p.quoted, False))
-                except _Unknown as exc:
+                except UnknownValue as exc:
                     segs.append((unknown_val(exc.val.unknown), p.quoted, False))
         return segs
 
@@ -281,24 +195,11 @@ class Expander:
         try:
             parts = lex_quoted(text, self.line)
         except BashSyntaxError as exc:
-            raise Refusal(self.line, f"$(({_short(text)})): {exc.what}") from None
+            raise Refusal(self.line, f"$(({short(text)})): {exc.what}") from None
         v = self.value(parts)
         if v.unknown:
-            raise _Unknown(v)
-        return str(_Arith(v.text, self.sh, self.line).run())
-
-
-class _Unknown(Exception):
-    """An arithmetic expression over a value labkit does not know."""
-
-    def __init__(self, val: Val) -> None:
-        super().__init__(val.unknown)
-        self.val = val
-
-
-def _short(text: str) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= 60 else one[:57] + "..."
+            raise UnknownValue(v)
+        return str(ArithEval(v.text, self.sh, self.line).run())
 
 
 def _split(segs: list) -> list[Val]:
@@ -339,120 +240,3 @@ def match_pattern(word: str, pattern: str) -> bool:
 
 
 # -- integer arithmetic -------------------------------------------------------------------------------------------
-_ATOM = re.compile(
-    r"\s*(0[xX][0-9a-fA-F]+|\d+|[A-Za-z_][A-Za-z0-9_]*|\*\*|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%()<>!~?:^&|])"
-)
-_BIN = {
-    "||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, ">": 7, "<=": 7, ">=": 7,
-    "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10, "**": 11,
-}  # fmt: skip
-
-
-class _Arith:
-    """A precedence-climbing evaluator of bash's integer expressions (64-bit, C division)."""
-
-    def __init__(self, text: str, shell: Shell, line: int, depth: int = 0) -> None:
-        self.toks, self.k, self.sh, self.line, self.depth = [], 0, shell, line, depth
-        pos, text = 0, text.strip()
-        while pos < len(text):
-            m = _ATOM.match(text, pos)
-            if not m:
-                raise Refusal(line, f"$(({_short(text)})): cannot read {text[pos:].strip()[:20]!r}")
-            self.toks.append(m.group(1))
-            pos = m.end()
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-        self.text = text
-
-    def fail(self, what: str) -> Refusal:
-        return Refusal(self.line, f"$(({_short(self.text)})): {what}")
-
-    def run(self) -> int:
-        if not self.toks:
-            return 0
-        v = self.expr(0)
-        if self.k != len(self.toks):
-            raise self.fail(f"unexpected {self.toks[self.k]!r}")
-        return v
-
-    def peek(self) -> str:
-        return self.toks[self.k] if self.k < len(self.toks) else ""
-
-    def expr(self, min_prec: int) -> int:
-        left = self.unary()
-        while True:
-            op = self.peek()
-            if op == "?" and min_prec == 0:
-                self.k += 1
-                a = self.expr(0)
-                if self.peek() != ":":
-                    raise self.fail("'?' without ':'")
-                self.k += 1
-                b = self.expr(0)
-                left = a if left else b
-                continue
-            prec = _BIN.get(op)
-            if prec is None or prec < min_prec:
-                return left
-            self.k += 1
-            right = self.expr(prec if op == "**" else prec + 1)
-            left = self.binary(op, left, right)
-
-    def binary(self, op: str, a: int, b: int) -> int:
-        if op in ("/", "%"):
-            if b == 0:
-                raise self.fail("division by 0")
-            q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
-            return q if op == "/" else a - q * b
-        if op == "**":
-            if b < 0:
-                raise self.fail("exponent less than 0")
-            if b > 64 and abs(a) > 1:
-                raise self.fail("exponent too large")
-        ops = {
-            "+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "**": lambda: a**b,
-            "<<": lambda: a << (b & 63), ">>": lambda: a >> (b & 63), "&": lambda: a & b, "|": lambda: a | b,
-            "^": lambda: a ^ b, "==": lambda: int(a == b), "!=": lambda: int(a != b), "<": lambda: int(a < b),
-            ">": lambda: int(a > b), "<=": lambda: int(a <= b), ">=": lambda: int(a >= b),
-            "&&": lambda: int(bool(a and b)), "||": lambda: int(bool(a or b)),
-        }  # fmt: skip
-        return _wrap(ops[op]())
-
-    def unary(self) -> int:
-        tok = self.peek()
-        self.k += 1
-        if tok in ("-", "+", "!", "~"):
-            v = self.unary()
-            return {"-": -v, "+": v, "!": int(not v), "~": ~v}[tok]
-        if tok == "(":
-            v = self.expr(0)
-            if self.peek() != ")":
-                raise self.fail("'(' is never closed")
-            self.k += 1
-            return v
-        if tok[:1].isdigit():
-            try:
-                return _wrap(int(tok, 16) if tok[:2].lower() == "0x" else int(tok, 8) if tok[0] == "0" else int(tok))
-            except ValueError:
-                raise self.fail(f"{tok}: value too great for base") from None
-        if tok[:1].isalpha() or tok[:1] == "_":
-            return self.variable(tok)
-        raise self.fail(f"unexpected {tok!r}" if tok else "the expression ends early")
-
-    def variable(self, name: str) -> int:
-        """A bare name is its value read as an expression (unset or empty: 0), as bash does."""
-        got = self.sh.get(name)
-        if got is None:
-            got = self.sh.unset_value(name, self.line, has_default=False)
-        if got.unknown:
-            raise _Unknown(got)
-        if not got.text.strip():
-            return 0
-        if self.depth > 16:
-            raise self.fail(f"{name} refers to itself")
-        return _Arith(got.text, self.sh, self.line, self.depth + 1).run()
-
-
-def _wrap(v: int) -> int:
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >> 63 else v

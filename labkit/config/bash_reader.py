@@ -14,13 +14,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from labkit.config.bash_expand import MARK, Expander, Refusal, Shell, Val, _Unknown, match_pattern, unknown_val
+from labkit.config.bash_builtins import Builtins, ScriptExit
+from labkit.config.bash_expand import MARK, Expander, Refusal, Shell, UnknownValue, Val, match_pattern, unknown_val
 from labkit.config.bash_lex import BashSyntaxError, Lit, Token
 from labkit.config.bash_parse import (
-    _ASSIGN,
     AndOr,
     ArithCmd,
-    Assign,
     Case,
     Cond,
     For,
@@ -29,14 +28,11 @@ from labkit.config.bash_parse import (
     Pipeline,
     Simple,
     Unsupported,
-    _drop_lead,
     parse,
 )
+from labkit.config.bash_test import double_bracket
 
 MAX_STEPS = 200_000  # statements evaluated (a for loop over a long list stays bounded)
-_DECLARE = {"export", "declare", "typeset", "local", "readonly"}
-_REFUSED = {"source": "source FILE (labkit reads one script)", ".": ". FILE (labkit reads one script)",
-            "eval": "eval", "getopts": "getopts", "alias": "alias"}  # fmt: skip
 
 
 @dataclass
@@ -48,17 +44,12 @@ class Launch:
     env: dict[str, Val] = field(default_factory=dict)
 
 
-class _Exit(Exception):
-    def __init__(self, line: int) -> None:
-        self.line = line
-
-
 class _Launched(Exception):
     def __init__(self, launch: Launch) -> None:
         self.launch = launch
 
 
-class Reader:
+class Reader(Builtins):
     """Evaluates statements over ``shell``; ``is_launch(fields)`` tells which command launches verl."""
 
     def __init__(self, shell: Shell, is_launch: Callable[[list[Val]], bool]) -> None:
@@ -84,7 +75,7 @@ class Reader:
         inner.depth = self.depth + 1
         try:
             inner.block(stmts)
-        except _Exit:
+        except ScriptExit:
             pass
         except (Refusal, _Launched, RecursionError):
             return None
@@ -99,7 +90,7 @@ class Reader:
             self.block(stmts)
         except _Launched as got:
             return got.launch
-        except _Exit as ex:
+        except ScriptExit as ex:
             self.exited = ex.line
         return None
 
@@ -157,7 +148,7 @@ class Reader:
                     self.sh.out = []  # only the last command's output leaves the pipe
                 try:
                     status = self.stmt(cmd)
-                except _Exit:
+                except ScriptExit:
                     status = None
                 last = self.sh.out
             self.sh = keep
@@ -173,7 +164,7 @@ class Reader:
         keep, self.sh = self.sh, self.sh.copy()
         try:
             return self.block(g.body)
-        except _Exit:
+        except ScriptExit:
             return None
         finally:
             self.sh = keep
@@ -186,14 +177,14 @@ class Reader:
             self.sh = base.copy()
             try:
                 survivors.append((self.sh, fn()))
-            except _Exit:
+            except ScriptExit:
                 continue
             except _Launched as got:
                 self.sh = base
                 raise Refusal(got.launch.line, f"the launch depends on line {line}: {why}") from None
         if not survivors:
             self.sh = base
-            raise _Exit(line)
+            raise ScriptExit(line)
         self.sh = _merge([s for s, _ in survivors], f"line {line}: {why}")
         statuses = {st for _, st in survivors}
         return statuses.pop() if len(statuses) == 1 else None
@@ -259,22 +250,13 @@ class Reader:
 
     # -- conditions -----------------------------------------------------------------------------------------------
     def cond(self, st: Cond) -> int | None:
-        from labkit.config.bash_test import double_bracket
-
         return self.decided(double_bracket(st.tokens, Expander(self.sh, st.line)))
-
-    def decided(self, got: bool | str) -> int | None:
-        """A test's exit status, or None with ``why`` when labkit cannot decide it."""
-        if isinstance(got, str):
-            self.why = got
-            return None
-        return int(not got)
 
     def arith_cmd(self, st: ArithCmd) -> int | None:
         ex = Expander(self.sh, st.line)
         try:
             return int(int(ex.arith(st.token.parts[0].text)) == 0)
-        except _Unknown as exc:
+        except UnknownValue as exc:
             self.why = str(exc.val.unknown)
             return None
 
@@ -295,152 +277,6 @@ class Reader:
             raise _Launched(Launch(cmd.line, fields, prefix))
         name = fields[0].text if not fields[0].unknown else ""
         return self.builtin(name, fields[1:], cmd, ex)
-
-    def builtin(self, name: str, args: list[Val], cmd: Simple, ex: Expander) -> int | None:
-        line = cmd.line
-        if name in _REFUSED:
-            raise Refusal(line, f"{_REFUSED[name]} (labkit does not evaluate it)")
-        if name in ("exit", "return"):
-            raise _Exit(line)
-        if name in ("true", ":"):
-            return 0
-        if name == "false":
-            return 1
-        if name in ("[", "test"):
-            from labkit.config.bash_test import single_bracket
-
-            return self.decided(single_bracket(args[:-1] if name == "[" and args and args[-1].text == "]" else args))
-        if name in _DECLARE:
-            return self.declare(name, cmd, ex)
-        if name == "unset":
-            for a in args:
-                if a.unknown:
-                    raise Refusal(line, f"unset of a name labkit does not know ({a.unknown})")
-                if not a.text.startswith("-"):
-                    self.sh.scalars.pop(a.text, None)
-                    self.sh.arrays.pop(a.text, None)
-                    self.sh.env = {k: v for k, v in self.sh.env.items() if k != a.text}
-            return 0
-        if name == "set":
-            return self.set_(args, line)
-        if name == "shift":
-            n = int(args[0].text) if args and args[0].text.isdigit() else 1
-            self.sh.positional = self.sh.positional[n:]
-            return 0
-        if name in ("cd", "pushd", "popd"):
-            for var in ("PWD", "OLDPWD"):
-                self.sh.scalars[var] = unknown_val(f"line {line}: {name} changes ${var}")
-            self.why = f"whether {name} succeeds"
-            return None
-        if name in ("read", "mapfile", "readarray") or (name == "printf" and any(a.text == "-v" for a in args)):
-            for a in args:
-                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.text):
-                    self.sh.scalars[a.text] = unknown_val(f"line {line}: {name} sets ${a.text}")
-            self.why = f"whether {name} succeeds"
-            return None
-        if name in ("echo", "pwd", "printf") and self.sh.out is not None:
-            return self.prints(name, args, cmd)
-        if self.sh.out is not None and not _stdout_redirected(cmd):
-            self.sh.out.append(unknown_val(f"line {line}: the output of {name or 'a command'}"))
-        self.why = f"the exit status of {name or 'a command'} (line {line})"
-        return None  # an external command: it changes no variable; its exit status is not known
-
-    def prints(self, name: str, args: list[Val], cmd: Simple) -> int:
-        """echo / pwd / printf (a format without %) inside a command substitution."""
-        if _stdout_redirected(cmd):
-            return 0
-        if name == "pwd":
-            got = self.sh.get("PWD") or unknown_val(f"line {cmd.line}: pwd (the current directory)")
-            self.sh.out.append(got + Val("\n"))
-            return 0
-        if name == "printf":
-            fmt = args[0] if args else Val()
-            ok = not fmt.unknown and "%" not in fmt.text and "\\" not in fmt.text and len(args) == 1
-            self.sh.out.append(fmt if ok else unknown_val(f"line {cmd.line}: printf with a format"))
-            return 0
-        newline = True
-        while args and args[0].text in ("-n", "-e", "-E") and not args[0].unknown:
-            newline, flag = newline and args[0].text != "-n", args[0].text
-            args = args[1:]
-            if flag == "-e" and any("\\" in a.text for a in args):
-                self.sh.out.append(unknown_val(f"line {cmd.line}: echo -e with escapes"))
-                return 0
-        joined = Val()
-        for k, a in enumerate(args):
-            joined = joined + (Val(" ") if k else Val()) + a
-        self.sh.out.append(joined + Val("\n" if newline else ""))
-        return 0
-
-    def set_(self, args: list[Val], line: int) -> int:
-        k = 0
-        while k < len(args):
-            a = args[k].text
-            if a == "--":
-                self.sh.positional = [v.text for v in args[k + 1 :]]
-                return 0
-            if a in ("-o", "+o") and k + 1 < len(args):
-                if args[k + 1].text == "nounset":
-                    self.sh.nounset = a == "-o"
-                k += 2
-                continue
-            if a[:1] in "-+" and len(a) > 1:
-                if "u" in a[1:]:
-                    self.sh.nounset = a[0] == "-"
-                if "o" in a[1:] and k + 1 < len(args):  # -euo pipefail: the o takes the next word
-                    if args[k + 1].text == "nounset":
-                        self.sh.nounset = a[0] == "-"
-                    k += 1
-            elif a:
-                self.sh.positional = [v.text for v in args[k:]]
-                return 0
-            k += 1
-        return 0
-
-    def declare(self, name: str, cmd: Simple, ex: Expander) -> int:
-        for tok in cmd.words[1:]:
-            m = _ASSIGN.match(tok.lead())
-            if m:
-                value = _drop_lead(tok, len(m.group(0)))
-                self.assign(Assign(m.group(1), bool(m.group(3)), value, index=m.group(2)), ex, cmd.line)
-                continue
-            fields = ex.fields(tok)
-            for f in fields:
-                if f.text.startswith("-") and name != "export" and set(f.text[1:]) & set("Aainr"):
-                    raise Refusal(cmd.line, f"{name} {f.text} (an attribute labkit does not model)")
-        return 0
-
-    def assign(self, a: Assign, ex: Expander, line: int) -> None:
-        if a.index is not None and a.array is None:
-            raise Refusal(line, f"{a.name}[{a.index}]= (an array element assignment)")
-        if a.array is not None:
-            items = [f for w in a.array for f in Expander(self.sh, w.line).fields(w)]
-            items = [self.from_set(a.name, v, line) if v.unknown else v for v in items]
-            if a.append:
-                base = self.sh.arrays.get(a.name)
-                if base is None:
-                    got = self.sh.scalars.get(a.name)
-                    base = [got] if got is not None else []
-                items = list(base) + items
-            self.sh.scalars.pop(a.name, None)
-            self.sh.arrays[a.name] = items
-            return
-        value = ex.value(a.value.parts) if a.value is not None else Val()
-        if value.unknown:
-            value = self.from_set(a.name, value, line)
-        if a.append:
-            if a.name in self.sh.arrays:
-                self.sh.arrays[a.name].append(value)
-                return
-            value = (self.sh.get(a.name) or Val()) + value
-        self.sh.arrays.pop(a.name, None)
-        self.sh.scalars[a.name] = value
-
-    def from_set(self, name: str, value: Val, line: int) -> Val:
-        """An unknown value the caller supplied with ``--set NAME=VALUE`` (recorded as assumed), else unchanged."""
-        if name in self.sh.env:
-            self.sh.assumed.setdefault(f"{name} (--set, for {value.unknown})", line)
-            return Val(self.sh.env[name], assumed=frozenset([name]))
-        return value
 
 
 def _merge(shells: list[Shell], why: str) -> Shell:
@@ -491,7 +327,3 @@ def _why_case(word: Val) -> str:
 def lit(tok: Token) -> str:
     """The literal text of a token's parts (for messages)."""
     return "".join(p.text for p in tok.parts if isinstance(p, Lit))
-
-
-def _stdout_redirected(cmd: Simple) -> bool:
-    return any(op in (">", "1>", ">>", "1>>", "&>", "&>>", ">|") for op, _ in cmd.redirs)
