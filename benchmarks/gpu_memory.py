@@ -50,7 +50,8 @@ def _model(name: str, device: torch.device, bf16: bool) -> torch.nn.Module:
     m = model_shape(name)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+        # one rank: an in-process store, no port that another run on the machine could hold
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,

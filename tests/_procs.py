@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def _children() -> dict[int, list[int]]:
@@ -49,8 +50,8 @@ def cmdline(pid: int) -> str:
 
 
 def _foreign_holds(ours: set[int]) -> set[str]:
-    """/dev/shm names and /tmp top-level entries that a live process outside ``ours`` holds (maps, has open, works
-    in, or listens in): another job's on this shared machine, never this test's leftovers."""
+    """/dev/shm names and temp-folder entries that a live process outside ``ours`` holds (maps, has open, works in,
+    or listens in): another job's on this shared machine, never this test's leftovers."""
     held: set[str] = set()
     inodes: dict[str, int] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -59,7 +60,7 @@ def _foreign_holds(ours: set[int]) -> set[str]:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
             links.append(os.readlink(f"/proc/{pid}/cwd"))
             with open(f"/proc/{pid}/maps") as f:
-                links += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line or "/tmp/" in line]
+                links += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line or _tmp() in line]
         except OSError:
             continue
         for link in links:
@@ -75,19 +76,24 @@ def _foreign_holds(ours: set[int]) -> set[str]:
     return held
 
 
+def _tmp() -> str:
+    """This test process's temp folder (tests/conftest.py gives each its own), with a trailing slash."""
+    return tempfile.gettempdir().rstrip("/") + "/"
+
+
 def _named(path: str) -> set[str]:
-    for root in ("/dev/shm/", "/tmp/"):
+    for root in ("/dev/shm/", _tmp()):
         if path.startswith(root):
             return {root + path[len(root) :].split("/", 1)[0]}
     return set()
 
 
 def run_leftovers() -> dict[str, set]:
-    """What a run can leave behind: processes below this one, /dev/shm entries, torch's and multiprocessing's /tmp
-    folders, and this process's open sockets. Entries another job on the machine holds are not counted."""
+    """What a run can leave behind: processes below this one, /dev/shm entries, torch's and multiprocessing's temp
+    folders (in this test process's own temp folder), and this process's open sockets. Entries another job on the machine holds are not counted."""
     ours = descendants(os.getpid())
     foreign = _foreign_holds(ours)
-    tmp = {e for e in os.listdir("/tmp") if e.startswith(("torchelastic_", "pymp-")) and f"/tmp/{e}" not in foreign}
+    tmp = {e for e in os.listdir(_tmp()) if e.startswith(("torchelastic_", "pymp-")) and _tmp() + e not in foreign}
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     sockets = set()
     for fd in os.listdir("/proc/self/fd"):

@@ -1,6 +1,10 @@
-"""Test-wide settings: offline Hugging Face, quiet Ray, one thread per process, a clear GPU skip."""
+"""Test-wide settings: offline Hugging Face, quiet Ray, one thread per process, a clear GPU skip, and a temp folder
+of this test process's own."""
 
+import multiprocessing.util
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -9,6 +13,17 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+
+# Every temp folder this test process and what it starts make (multiprocessing's pymp-*, torch's torchelastic_*,
+# labkit's group folders, Ray's sessions) lands in a folder of its own (short: Ray's socket paths must fit 107
+# bytes), so a leftover check reads what this run made and not what another job on the machine makes in /tmp.
+PRIVATE_TMP = tempfile.mkdtemp(prefix="lkt-", dir="/tmp")
+os.environ["TMPDIR"] = PRIVATE_TMP
+tempfile.tempdir = None
+# removed at exit after multiprocessing removes its own pymp-* folder in it (its finalizer has exitpriority -100)
+multiprocessing.util.Finalize(
+    None, shutil.rmtree, args=(PRIVATE_TMP,), kwargs={"ignore_errors": True}, exitpriority=-101
+)
 
 
 def pytest_collection_modifyitems(config, items):

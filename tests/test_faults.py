@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -224,9 +225,12 @@ def test_nothing_outlives_a_killed_driver(launcher, signum, tmp_path):
             time.sleep(0.2)
         left = {p: cmdline(p)[:80] for p in tree if pid_alive(p)}
         assert not left, f"outlived the {signal.Signals(signum).name} of their driver: {left}"
-        while glob.glob(f"/tmp/labkit-group-{driver.pid}-*") and time.monotonic() < deadline:
+        while (
+            glob.glob(os.path.join(tempfile.gettempdir(), f"labkit-group-{driver.pid}-*"))
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)  # the group's folder (rank_files): removed by its ranks (local) or the Ray reaper
-        assert not glob.glob(f"/tmp/labkit-group-{driver.pid}-*")
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), f"labkit-group-{driver.pid}-*"))
     finally:
         driver.kill()
         for pid in tree:

@@ -6,6 +6,7 @@ rank 1's error within seconds (not the call timeout), and once the group is clos
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +59,6 @@ def test_a_rank_that_raises_mid_rollout_leaves_nothing():
     assert new_leftovers(before, ignore=others_ignored()) == {}
     assert {str(p): _names(p) - names for p, names in others.items()} == {str(p): set() for p in OTHER_CACHES}
     assert (cache_root() / "vllm" / "modelinfos").is_dir()
-    assert not [n for n in os.listdir("/tmp") if n.startswith(rank_files.PREFIX + str(os.getpid()))]
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(rank_files.PREFIX + str(os.getpid()))]
     print(f"vLLM group of 2 (TP=2): cold start {cold:.1f} s; the raise was reported in {took:.1f} s")
     assert Path(wg.group_dir).name.startswith(rank_files.PREFIX)

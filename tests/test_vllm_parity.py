@@ -11,6 +11,7 @@ two vLLM groups (the expensive part); every test reads what they recorded."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +38,10 @@ W, RESPONSE, LR = 2, 32, 1e-3
 # units of fp32's resolution there (eps * max |log-prob|); an AVX2 machine measured 9.5e-6. The bound is 64 such
 # units. A wrong log-prob (no temperature, a shifted token) is off by 1e-2 or more.
 GAP_EPS_UNITS = 64.0
-OTHER_CACHES = (Path(f"/tmp/torchinductor_{os.environ.get('USER', 'root')}"), Path.home() / ".cache" / "vllm")
+OTHER_CACHES = (
+    Path(tempfile.gettempdir()) / f"torchinductor_{os.environ.get('USER', 'root')}",
+    Path.home() / ".cache" / "vllm",
+)
 
 
 def _names(path: Path) -> set[str]:
@@ -49,7 +53,8 @@ def others_ignored() -> dict[str, set]:
     named semaphores and /tmp/pymp-* folders whose listener a live process still serves (another user's fork server)."""
     with open("/proc/net/unix") as f:
         served = f.read()
-    pymp = {e for e in os.listdir("/tmp") if e.startswith("pymp-") and f"/tmp/{e}/" in served}
+    tmp = tempfile.gettempdir()
+    pymp = {e for e in os.listdir(tmp) if e.startswith("pymp-") and f"{tmp}/{e}/" in served}
     return {"dev_shm": {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")}, "tmp": pymp}
 
 
