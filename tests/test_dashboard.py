@@ -155,7 +155,8 @@ def test_memory_verdict_and_hang_risks_follow_the_controls():
     assert big.memory.fixes and render(big).memory_text.count("<tr>") == 1 + min(8, len(big.memory.fixes))
     assert state_of(CONFIG, model="Qwen2.5-0.5B").model_name == "Qwen2.5-0.5B"
     unknown = state_of(CONFIG.replace("Qwen/Qwen2.5-7B-Instruct", "my-org/my-model"))
-    assert unknown.model_name == S.FALLBACK_MODEL and "not a known shape" in render(unknown).memory_text
+    assert unknown.model_name == "" and unknown.memory is None  # never a silent default
+    assert "pass --model" in render(unknown).memory_text and "pick a model" in render(unknown).memory_text
     hang = (  # legacy, balance off, a tight dynamic log-prob budget: DP ranks cut different counts (hang (a))
         "trainer.n_gpus_per_node=2 algorithm.adv_estimator=grpo trainer.balance_batch=false data.train_batch_size=4 "
         "actor_rollout_ref.rollout.n=2 data.max_prompt_length=1024 data.max_response_length=3072 "

@@ -3,6 +3,8 @@
 The memory of one RL step per phase and per GPU: model and GPU shapes as data (``shapes``), the config's memory knobs
 (``settings``), every term with its formula and keys (``terms``), the phases (``phases``), a step from the config
 or a trace and ``fill_bytes_predicted`` (``step_memory``), the OOM verdict and its fixes (``verdict``), the
-``labkit memory`` command (``command``), and the log-prob head's bytes (``logprob``). docs/memory.md explains it.
+``labkit memory`` command (``command``), the log-prob head's bytes (``logprob``), the model a config trains
+(``model_source``), a GPU's reported capacity and headroom with the fits / tight / OOM verdict (``headroom``), and
+the one model-and-GPU decision the CLI and the dashboard share (``choice``). docs/memory.md explains it.
 May import: ``labkit.plan`` and everything below it.
 """

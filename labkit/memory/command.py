@@ -1,7 +1,8 @@
 """``labkit memory``: per phase the peak and its largest terms, the first phase over the GPU, and the fixes.
 
 ``labkit.cli`` adds the sub-command with ``add_arguments`` and calls ``run(cfg, ns)``; bad --model / --gpu-memory
-raise ``ConfigError`` (exit 2). Exit 0 when every phase fits, 1 when one does not.
+raise ``ConfigError`` (exit 2). Exit 0 when every phase fits (or is tight: under the margin, not over the GPU),
+1 when one OOMs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import re
 
 from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.memory.choice import settings_for
+from labkit.memory.headroom import DEFAULT_GPU
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import gpu, gpu_names, model_names
 from labkit.memory.step_memory import fill_bytes_predicted
@@ -34,9 +37,16 @@ DOC = "predicted GPU memory per phase of one step, the first phase that OOMs, an
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
     """The options of ``labkit memory`` (the config args and --profile come from labkit.cli)."""
-    s.add_argument("--model", default="tiny-qwen2", help=f"model shape: {', '.join(model_names())}")
+    s.add_argument(
+        "--model",
+        default=None,
+        help=f"model shape (default: the one actor_rollout_ref.model.path names): {', '.join(model_names())}",
+    )
     s.add_argument("--gpu-memory", default=None, help="capacity of one GPU, e.g. 80GiB, 141GB (GB = 10^9 bytes)")
-    s.add_argument("--gpu", default=None, help=f"a GPU preset instead: {', '.join(gpu_names())}")
+    s.add_argument(
+        "--gpu", default=None, help=f"a GPU preset (capacity as nvidia-smi reports it): {', '.join(gpu_names())}"
+    )
+    s.add_argument("--margin", type=float, default=None, help="GiB a phase must keep free to 'fit' (default 2)")
     s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
 
 
@@ -48,23 +58,15 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
-def gpu_bytes_of(ns: argparse.Namespace) -> int:
-    """--gpu-memory, else --gpu's capacity, else an H100 80 GB."""
-    if ns.gpu_memory is not None:
-        return parse_bytes(ns.gpu_memory)
-    try:
-        return gpu(ns.gpu or "H100-80GB").memory_bytes
-    except KeyError as exc:
-        raise ConfigError(str(exc.args[0])) from None
+def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
+    """The settings for parsed CLI options (``labkit.memory.choice.settings_for``, as the dashboard decides)."""
+    capacity = parse_bytes(ns.gpu_memory) if ns.gpu_memory is not None else None
+    return settings_for(cfg, ns.model, ns.gpu, capacity, getattr(ns, "margin", None))
 
 
 def report(cfg: VerlConfig, ns: argparse.Namespace) -> MemoryReport:
-    """The report for parsed CLI options (ConfigError for an unknown model)."""
-    try:
-        s = MemorySettings.from_config(cfg, ns.model, gpu_bytes_of(ns))
-    except KeyError as exc:
-        raise ConfigError(str(exc.args[0])) from None
-    return memory_report(cfg, s, ns.lengths)
+    """The report for parsed CLI options (ConfigError for an unknown model or GPU)."""
+    return memory_report(cfg, settings_of(cfg, ns), ns.lengths)
 
 
 def _gib(n: int) -> str:
@@ -72,18 +74,24 @@ def _gib(n: int) -> str:
 
 
 def render_text(rep: MemoryReport) -> str:
-    """Per phase: the peak, its share of the GPU, its three largest terms; the verdict; the fixes."""
+    """Per phase: the peak, its state (fits / tight / OOM) and margin, its three largest terms; the length
+    assumption; the headroom terms; the verdict; the fixes."""
     s = rep.settings
     lines = [f"{s.model.name} on {s.world_size} GPUs of {_gib(s.gpu_bytes)} ({s.profile} profile), per GPU:"]
     for name, p in rep.phases.items():
-        flag = "OOM" if p.peak_bytes > s.gpu_bytes or p.info.get("engine_error") else "ok"
+        flag, left = rep.state(name)
         top = ", ".join(f"{k} {_gib(v)}" for k, v in list(p.terms.items())[:3])
         lines.append(
-            f"  {name:<14} {_gib(p.peak_bytes):>13} {100 * p.peak_bytes / s.gpu_bytes:5.0f}%  {flag:<3}  "
-            f"at {p.peak_instant}: {top}"
+            f"  {name:<14} {_gib(p.peak_bytes):>13} {100 * p.peak_bytes / s.gpu_bytes:5.0f}%  {flag:<5} "
+            f"{left / GiB:+7.2f} GiB  at {p.peak_instant}: {top}"
         )
         if p.info.get("micro_batch"):
             lines.append(f"  {'':<14} micro-batch: {p.info['micro_batch']}, {p.info['tokens']:,} tokens per GPU")
+        if p.info.get("typical_tokens") is not None and p.info["typical_tokens"] != p.info.get("tokens"):
+            lines.append(
+                f"  {'':<14} typical micro-batch: {p.info['typical_tokens']:,} tokens, peak "
+                f"{_gib(p.info['typical_peak_bytes'])}"
+            )
         if name == "generate":
             lines.append(
                 f"  {'':<14} KV pool holds {p.info['sequences_that_fit']:,} sequences of max_model_len "
@@ -92,19 +100,35 @@ def render_text(rep: MemoryReport) -> str:
             )
             if p.info.get("engine_error"):
                 lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
-    if rep.first_oom is None:
-        lines.append("verdict: every phase fits.")
-        return "\n".join(lines)
-    p = rep.phases[rep.first_oom]
-    over = p.peak_bytes - s.gpu_bytes
-    why = f"exceeds the GPU by {_gib(over)}" if over > 0 else "cannot start its engine"
+    lines.append(f"lengths: {rep.lengths}")
     lines.append(
-        f"verdict: {rep.first_oom} is the first phase that OOMs: it {why} (largest term: {next(iter(p.terms))})."
+        f"headroom in every phase: cuda_context {_gib(s.cuda_context_bytes)}, cublas_workspace "
+        f"{_gib(s.cublas_workspace_bytes)}, nccl_buffers {_gib(s.nccl_bytes)}, allocator_reserve "
+        f"{100 * s.reserve_fraction:.0f}% of the allocated peak; margin {_gib(s.margin_bytes)} (--margin)"
     )
+    short = [n for n in rep.phases if rep.state(n)[0] != "fits"]
+    if not short:
+        least = min(rep.state(n)[1] for n in rep.phases)
+        lines.append(f"verdict: every phase fits, at least {_gib(least)} left (margin {_gib(s.margin_bytes)}).")
+        return "\n".join(lines)
+    if rep.first_oom is None:
+        left = {n: rep.state(n)[1] for n in short}
+        lines.append(
+            "verdict: tight: "
+            + ", ".join(f"{n} leaves {_gib(v)}" for n, v in left.items())
+            + f", under the margin of {_gib(s.margin_bytes)}; the allocator's fragmentation may tip it over."
+        )
+    else:
+        p = rep.phases[rep.first_oom]
+        over = p.peak_bytes - s.gpu_bytes
+        why = f"exceeds the GPU by {_gib(over)}" if over > 0 else "cannot start its engine"
+        lines.append(
+            f"verdict: {rep.first_oom} is the first phase that OOMs: it {why} (largest term: {next(iter(p.terms))})."
+        )
     lines.append("fixes (each alone, new predicted peak of that phase; * = the whole step then fits):")
     for f in rep.fixes:
         mark = "*" if f["step_fits"] else (" " if f["fits"] else "-")
-        state = "fits" if f["fits"] else "still OOM"
+        state = "fits" if f["fits"] else "still short"
         lines.append(f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); cost: {f['cost']}")
     lines.append("  (memory only: `labkit check` with a fix tells whether verl accepts the changed config)")
     if not any(f["step_fits"] for f in rep.fixes):
@@ -125,7 +149,7 @@ def run(cfg: VerlConfig, ns: argparse.Namespace) -> int:
 def fill_trace(tr: StepTrace, cfg: VerlConfig, model: str, gpu_bytes: int | None = None) -> StepTrace:
     """``labkit plan``: every rank record's ``bytes_predicted`` for ``model`` (an H100 80 GB unless told)."""
     try:
-        s = MemorySettings.from_config(cfg, model, gpu_bytes or gpu("H100-80GB").memory_bytes)
+        s = MemorySettings.from_config(cfg, model, gpu_bytes or gpu(DEFAULT_GPU).memory_bytes)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     return fill_bytes_predicted(tr, cfg, s)

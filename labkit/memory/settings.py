@@ -94,6 +94,16 @@ class MemorySettings:
     """A reference policy exists (KL loss or in-reward KL): ref params and the ref_log_prob phase."""
     need_critic: bool = False
     """A critic exists (GAE): critic params, values and update_critic."""
+    cuda_context_bytes: int = 0
+    """What the CUDA context and module images take of C (``labkit.memory.headroom``; 0: not counted)."""
+    cublas_workspace_bytes: int = 0
+    """torch's cuBLAS workspace per handle, allocated through the caching allocator but invisible to a fake trace."""
+    nccl_bytes: int = 0
+    """NCCL communicator buffers: 2 · NCCL_BUFFSIZE · channels per communicator (0 on one GPU)."""
+    reserve_fraction: float = 0.0
+    """The caching allocator's reserved-but-unallocated share of the allocated peak (fragmentation)."""
+    margin_bytes: int = 0
+    """A phase with less than this left of C is ``tight``, not ``fits`` (``--margin``)."""
 
     @property
     def fsdp_world(self) -> int:

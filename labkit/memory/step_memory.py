@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from labkit.config.keys import ACTOR, REF, ROLLOUT
+from labkit.memory.headroom import add_headroom
 from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
 from labkit.memory.settings import MemorySettings
 from labkit.plan.context import Ctx
@@ -102,9 +103,12 @@ def record_shape(rec: RankRecord, width: int, sp: int) -> PassShape | None:
 def phase_of(s: MemorySettings, name: str, shape: PassShape | None) -> Phase:
     """One phase's memory on one GPU."""
     if name == "generate":
-        return generate(s)
-    assert shape is not None
-    return update_pass(s, name, shape) if name.startswith("update") else forward_pass(s, name, shape)
+        phase = generate(s)
+    else:
+        assert shape is not None
+        phase = update_pass(s, name, shape) if name.startswith("update") else forward_pass(s, name, shape)
+    add_headroom(s, phase.instants)
+    return phase
 
 
 def step_phases(cfg: Any, s: MemorySettings) -> dict[str, Phase]:
@@ -124,7 +128,7 @@ def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]
     out = {}
     for name in phase_names(s):
         if name == "generate":
-            out[name] = generate(s)
+            out[name] = phase_of(s, name, None)
             continue
         sp = max(1, cfg.get(PASS_KEYS[name][3]))
         shapes = [x for x in (record_shape(r, geo.width, sp) for r in tr.at(name)) if x is not None]
@@ -134,6 +138,10 @@ def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]
             shape, how = max(shapes, key=lambda x: x.tokens), "from the plan's micro-batches (largest on any GPU)"
         out[name] = phase_of(s, name, shape)
         out[name].info["micro_batch"] = how
+        if shapes:  # the typical case: the median micro-batch by tokens, beside the worst one
+            typical = sorted(shapes, key=lambda x: x.tokens)[len(shapes) // 2]
+            out[name].info["typical_tokens"] = typical.tokens
+            out[name].info["typical_peak_bytes"] = phase_of(s, name, typical).peak_bytes
     return out
 
 
@@ -142,7 +150,7 @@ def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Seq
     generate gets the engine phase, stages without memory of their own (or not in ``phases``) stay None."""
     geo = BatchGeometry.from_config(cfg)
     names = set(phase_names(s)) & (set(phases) if phases is not None else set(ORDER))
-    gen = generate(s).peak_bytes
+    gen = phase_of(s, "generate", None).peak_bytes
     for rec in tr.ranks:
         if rec.stage not in names:
             continue

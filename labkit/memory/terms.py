@@ -96,6 +96,26 @@ TERMS: dict[str, Term] = {
     "layer_grads": Term("b·P_layer (FSDP only)", (), "one unsharded layer's gradient before reduce-scatter"),
     "adam_temporaries": Term("4·P/F", (), "torch AdamW's per-step temporary (sqrt of exp_avg_sq)"),
     "kv_growth": Term("2·kv·b per token of one layer", (), "HF generate only: the copy as one layer's cache grows"),
+    "cuda_context": Term(
+        "512 MiB (data/gpus.json headroom.cuda_context_mib)",
+        (),
+        "the CUDA context and kernel images of the process (lazy loading); outside torch's allocator, no trace sees it",
+    ),
+    "cublas_workspace": Term(
+        "32 MiB on Hopper and newer, 8.125 MiB before (torch's CUBLAS_WORKSPACE_CONFIG default)",
+        (),
+        "cuBLAS's workspace, allocated through torch's caching allocator at the first matmul",
+    ),
+    "nccl_buffers": Term(
+        "communicators · 2 · NCCL_BUFFSIZE (4 MiB) · 32 channels; communicators = FSDP (W > 1) + SP + rollout TP",
+        ("trainer.n_gpus_per_node", f"{A}.ulysses_sequence_parallel_size", f"{RO}.tensor_model_parallel_size"),
+        "NCCL's send/receive buffers per communicator, outside torch's allocator",
+    ),
+    "allocator_reserve": Term(
+        "5% of the instant's allocated training bytes (an assumption; data/gpus.json headroom)",
+        (),
+        "the caching allocator's reserved-but-unallocated memory (fragmentation)",
+    ),
 }
 
 

@@ -10,9 +10,11 @@ from typing import Any
 
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
+from labkit.memory.headroom import state
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import PASS_KEYS, config_shape, step_phases, trace_phases
+from labkit.trace import StepTrace
 
 GiB = 2**30
 
@@ -25,6 +27,13 @@ class MemoryReport:
     phases: dict[str, Phase]
     first_oom: str | None
     fixes: list[dict[str, Any]]
+    lengths: str = "every row at full width (prompt_length + response_length)"
+    """The length assumption the verdict rests on."""
+
+    def state(self, name: str) -> tuple[str, int]:
+        """``("fits" | "tight" | "OOM", bytes left)`` of one phase (``labkit.memory.headroom.state``)."""
+        p = self.phases[name]
+        return state(self.settings, p.peak_bytes, p.info.get("engine_error"))
 
     def to_dict(self, details: bool = False) -> dict[str, Any]:
         """``{"phases": {NAME: {"peak_bytes": int, "terms": {TERM: bytes}}}, "first_oom": NAME|null, "fixes": [...]}``
@@ -32,10 +41,18 @@ class MemoryReport:
         GPU and profile."""
         phases: dict[str, dict[str, Any]] = {}
         for n, p in self.phases.items():
-            phases[n] = {"peak_bytes": p.peak_bytes, "terms": p.terms}
+            verdict, left = self.state(n)
+            phases[n] = {"peak_bytes": p.peak_bytes, "terms": p.terms, "state": verdict, "left_bytes": left}
             if details:
                 phases[n].update(peak_instant=p.peak_instant, info=p.info)
-        out: dict[str, Any] = {"phases": phases, "first_oom": self.first_oom, "fixes": self.fixes}
+        out: dict[str, Any] = {
+            "phases": phases,
+            "first_oom": self.first_oom,
+            "fixes": self.fixes,
+            "capacity_bytes": self.settings.gpu_bytes,
+            "margin_bytes": self.settings.margin_bytes,
+            "lengths": self.lengths,
+        }
         if details:
             out.update(model=self.settings.model.name, gpu_bytes=self.settings.gpu_bytes, profile=self.settings.profile)
         return out
@@ -43,6 +60,11 @@ class MemoryReport:
 
 def _fails(s: MemorySettings, p: Phase) -> bool:
     return p.peak_bytes > s.gpu_bytes or bool(p.info.get("engine_error"))
+
+
+def _short(s: MemorySettings, p: Phase) -> bool:
+    """OOM or tight: the phase needs a fix ("fits" never means less than the margin left)."""
+    return state(s, p.peak_bytes, p.info.get("engine_error"))[0] != "fits"
 
 
 def first_oom(s: MemorySettings, phases: dict[str, Phase]) -> str | None:
@@ -97,6 +119,15 @@ def _candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[tuple[st
                     "multiplied by SP, so it only helps with a static micro-batch or a smaller budget",
                 )
             )
+    if phase in ("old_log_prob", "ref_log_prob", "update_actor") and not s.fused_kernels:
+        out.append(
+            (
+                f"{MODEL}.use_fused_kernels",
+                [{"fused_kernels": True}],
+                "log-probs from hidden states 512 tokens at a time, no full logits; a different kernel "
+                "(verl's FusedLinearForPPO), the same math up to bf16 rounding",
+            )
+        )
     if phase == "old_log_prob" and not s.entropy_chunking:
         out.append(
             (
@@ -178,7 +209,7 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
             phases = evaluate(new_cfg, new_s)
             if phase not in phases:
                 continue
-            fits = not _fails(new_s, phases[phase])
+            fits = not _short(new_s, phases[phase])
             setting = text or ", ".join(
                 f"{knob}={str(v).lower() if isinstance(v, bool) else v}" for v in change.values()
             )
@@ -197,7 +228,7 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
                 "phase": phase,
                 "new_peak_bytes": phases[phase].peak_bytes,
                 "fits": fits,
-                "step_fits": first_oom(new_s, phases) is None,
+                "step_fits": not any(_short(new_s, p) for p in phases.values()),
                 "cost": cost,
             }
         )
@@ -206,20 +237,33 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
 
 
 def memory_report(
-    cfg: VerlConfig, s: MemorySettings, lengths: Sequence[int] | str | None = None, seed: int = 0
+    cfg: VerlConfig,
+    s: MemorySettings,
+    lengths: Sequence[int] | str | None = None,
+    seed: int = 0,
+    trace: StepTrace | None = None,
+    label: str | None = None,
 ) -> MemoryReport:
     """The step's phases (from the plan's micro-batches for ``lengths``, else the config's worst case: every sample
-    at full width), the verdict and the fixes of every failing phase, the first failing phase's first."""
+    at full width), the verdict and the fixes of every failing phase, the first failing phase's first. ``trace``:
+    the plan of ``cfg`` for these lengths when the caller has it already (the dashboard); ``label``: the lengths'
+    name (a profile) when ``lengths`` is the list drawn from it."""
     if lengths is None:
         evaluate: Evaluate = step_phases
     else:
         from labkit.plan.step import plan
 
-        base = plan(cfg, lengths, seed=seed)  # fixes that change only settings (offload, chunking) reuse it
+        base = trace if trace is not None else plan(cfg, lengths, seed=seed)  # settings-only fixes reuse it
 
         def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
             return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
 
     phases = evaluate(cfg, s)
-    fixes = [f for name, p in phases.items() if _fails(s, p) for f in fixes_for(cfg, s, name, evaluate)]
-    return MemoryReport(s, phases, first_oom(s, phases), fixes)
+    fixes = [f for name, p in phases.items() if _short(s, p) for f in fixes_for(cfg, s, name, evaluate)]
+    how = (
+        "every row at full width (prompt_length + response_length)"
+        if lengths is None
+        else f"lengths {label or (lengths if isinstance(lengths, str) else f'given ({len(lengths):,} samples)')}: "
+        "the largest micro-batch on any GPU (worst case), the median one (typical case)"
+    )
+    return MemoryReport(s, phases, first_oom(s, phases), fixes, how)

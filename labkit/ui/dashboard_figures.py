@@ -109,9 +109,16 @@ def memory_html(rep: Any, note: str | None = None) -> str:
     """The OOM verdict (the first phase over the GPU, by how much) and the fixes, each with its new peak."""
     s = rep.settings
     esc = html.escape
-    head = f"{esc(s.model.name)} on {s.world_size:,} GPUs of {s.gpu_bytes / GiB:,.0f} GiB ({s.profile} profile). "
-    if rep.first_oom is None:
-        out = [f"<div>{head}<b style='color:#2a7'>Every phase fits.</b></div>"]
+    head = f"{esc(s.model.name)} on {s.world_size:,} GPUs of {s.gpu_bytes / GiB:,.1f} GiB as reported ({s.profile} profile). "
+    tight = {n: rep.state(n)[1] for n in rep.phases if rep.state(n)[0] == "tight"} if rep.first_oom is None else {}
+    if rep.first_oom is None and not tight:
+        out = [f"<div>{head}<b style='color:#2a7'>Every phase fits</b> (margin {s.margin_bytes / GiB:,.1f} GiB).</div>"]
+    elif rep.first_oom is None:
+        left = ", ".join(f"{esc(n)} leaves {v / GiB:,.2f} GiB" for n, v in tight.items())
+        out = [
+            f"<div class='labkit-oom'>{head}<b style='color:#c80'>Tight:</b> {left}, under the margin of "
+            f"{s.margin_bytes / GiB:,.1f} GiB.</div>"
+        ]
     else:
         p = rep.phases[rep.first_oom]
         over = p.peak_bytes - s.gpu_bytes
@@ -121,6 +128,7 @@ def memory_html(rep: Any, note: str | None = None) -> str:
             f"<div class='labkit-oom'>{head}<b style='color:#c33'>OOM: {esc(rep.first_oom)}</b> is the first "
             f"phase that does not fit: {why} (largest term: {esc(big)}).</div>"
         ]
+    if rep.fixes:
         rows = [
             {
                 "phase": f["phase"],
@@ -134,6 +142,7 @@ def memory_html(rep: Any, note: str | None = None) -> str:
         ]
         if rows:
             out.append(html_table(rows, caption="Fixes (memory only; the verdict above says whether verl accepts)"))
+    out.append(f"<div><i>Lengths: {esc(rep.lengths)}.</i></div>")
     if note:
         out.append(f"<div><i>{esc(note)}</i></div>")
     return "".join(out)

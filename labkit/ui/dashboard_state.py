@@ -20,8 +20,8 @@ from typing import Any
 from labkit.config.lengths import LengthsError
 from labkit.config.text_input import ConfigText, load_pasted_config
 from labkit.config.verl_config import ConfigError, VerlConfig
-from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import gpu, model_shape
+from labkit.memory.choice import settings_for
+from labkit.memory.model_source import model_for
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.plan.hang_risk import ZERO_SIZE, HangRisk, config_risks, stage_budgets, trace_risks
 from labkit.plan.step import PlanTooLarge, plan
@@ -32,7 +32,6 @@ from labkit.validate.report import Report, check
 
 INLINE_SAMPLES = 8192  # B·n planned token by token in a first evaluation
 AUTO_MODEL = "auto (model.path)"
-FALLBACK_MODEL = "Qwen2.5-7B"
 NO_LENGTHS = "none (rows only)"
 _CACHE_SIZE = 32
 
@@ -140,16 +139,11 @@ _QUICK, _STATES = _Lru(), _Lru()
 
 def resolve_model(choice: str, cfg: VerlConfig) -> tuple[str, str | None]:
     """The model shape to price: the chosen one, or for AUTO_MODEL the one ``actor_rollout_ref.model.path`` names
-    (its HF id or basename), else FALLBACK_MODEL with a note saying so."""
-    if choice != AUTO_MODEL:
-        return choice, None
-    path = str(cfg.get("actor_rollout_ref.model.path"))
-    for name in (path, path.rstrip("/").rsplit("/", 1)[-1]):
-        try:
-            return model_shape(name).name, None
-        except KeyError:
-            continue
-    return FALLBACK_MODEL, f"model.path {path!r} is not a known shape: priced as {FALLBACK_MODEL} (pick a model)"
+    (``labkit.memory.model_source.model_for``, as ``labkit memory`` decides); ``("", why)`` when it names none."""
+    try:
+        return model_for(cfg, None if choice == AUTO_MODEL else choice).name, None
+    except ConfigError as exc:
+        return "", f"{exc} (pick a model)"
 
 
 def _timed(st: State, name: str, fn: Any) -> Any:
@@ -182,15 +176,21 @@ def _plan(st: State, cfg: VerlConfig, tokens: bool) -> None:
 
 
 def _memory(st: State, cfg: VerlConfig) -> None:
-    """Per-phase peaks for the worst case (every sample at full width, as ``labkit memory`` without --lengths)."""
+    """Per-phase peaks, decided as ``labkit memory`` decides (``labkit.memory.choice.settings_for``): for the chosen
+    lengths when the step was planned with them (worst and typical micro-batch), else every sample at full width."""
     st.model_name, note = resolve_model(st.inputs.model, cfg)
-    try:
-        s = MemorySettings.from_config(cfg, st.model_name, gpu(st.inputs.gpu).memory_bytes)
-    except KeyError as exc:
-        st.memory_error = str(exc.args[0])
+    if not st.model_name:  # never a silent default: no verdict until a model is picked
+        st.memory_error = note
         return
-    st.memory = _timed(st, "memory", lambda: memory_report(cfg, s))
-    st.memory_error = note
+    try:
+        s = settings_for(cfg, None if st.inputs.model == AUTO_MODEL else st.model_name, st.inputs.gpu)
+    except ConfigError as exc:
+        st.memory_error = str(exc)
+        return
+    lengths = st.lengths if st.lengths is not None and st.trace is not None else None
+    st.memory = _timed(
+        st, "memory", lambda: memory_report(cfg, s, lengths, st.inputs.seed, st.trace, st.inputs.lengths)
+    )
 
 
 def _overrides(inputs: Inputs) -> list[str]:

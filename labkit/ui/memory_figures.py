@@ -9,9 +9,9 @@ from typing import Any
 import plotly.graph_objects as go
 
 from labkit.config.verl_config import ConfigError, load_config
+from labkit.memory.choice import settings_for
 from labkit.memory.command import render_text
-from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import gpu, gpu_names, model_names
+from labkit.memory.shapes import gpu_names, model_names
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace
 
@@ -84,7 +84,7 @@ def measured_bars(checks: Mapping[str, Any]) -> go.Figure:
 def report_for(overrides: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> MemoryReport:
     """The memory report of a config (overrides), a model and a GPU preset."""
     cfg = load_config(None, list(overrides), profile=profile)
-    return memory_report(cfg, MemorySettings.from_config(cfg, model, gpu(gpu_name).memory_bytes))
+    return memory_report(cfg, settings_for(cfg, model, gpu_name))
 
 
 def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> Any:

@@ -1,0 +1,31 @@
+"""The one decision the CLI, the dashboard and the notebooks share: which model on which GPU a config is priced
+for, as ``MemorySettings`` (the model from ``model_source.model_for``, capacity and headroom from
+``headroom.gpu_settings``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.config.verl_config import ConfigError
+from labkit.memory.headroom import gpu_settings
+from labkit.memory.model_source import model_for
+from labkit.memory.settings import MemorySettings
+
+
+def settings_for(
+    cfg: Any,
+    model: str | None = None,
+    gpu_name: str | None = None,
+    capacity: int | None = None,
+    margin_gib: float | None = None,
+) -> MemorySettings:
+    """The settings ``labkit memory`` and the dashboard price: ``model`` (None: the one
+    ``actor_rollout_ref.model.path`` names), GPU ``gpu_name`` (None: an H100 80 GB) at its reported capacity unless
+    ``capacity`` is given, the margin in GiB (None: data/gpus.json's). ConfigError (one line) otherwise."""
+    if margin_gib is not None and margin_gib < 0:
+        raise ConfigError(f"--margin: {margin_gib} GiB; use a number >= 0")
+    try:
+        g = gpu_settings(cfg, gpu_name, capacity, margin_gib)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0])) from None
+    return MemorySettings.from_config(cfg, model_for(cfg, model), g.pop("gpu_bytes"), **g)
