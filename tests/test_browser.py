@@ -122,12 +122,14 @@ def _check_cells(name: str, cells: list[dict]) -> None:
 
 def _check_clean_outputs(name: str, cells: list[dict]) -> None:
     """What a user sees after Run All: no stderr block (a red box that reads as an error), and every ``if
-    INTERACTIVE:`` section shows its widgets (the lab runs the notebook's defaults, INTERACTIVE = True)."""
+    INTERACTIVE:`` section shows its output, a panel its widgets (the lab runs the defaults, INTERACTIVE = True)."""
     stderr = [o["text"] for c in cells if c["type"] == "code" for o in c["outputs"] if o["name"] == "stderr"]
     assert not stderr, f"{name}: stderr in a clean run: {stderr[:3]}"
     sections = [c for c in cells if c["type"] == "code" and c["source"].startswith("if INTERACTIVE")]
-    empty = [c["source"][:60] for c in sections if not any(o["widget"] for o in c["outputs"])]
-    assert not empty, f"{name}: an interactive section shows no widget after Run All: {empty}"
+    empty = [c["source"][:60] for c in sections if not c["outputs"]]
+    assert not empty, f"{name}: an interactive section shows nothing after Run All: {empty}"
+    widgets = [c for c in sections if "panel" in c["source"] and not any(o["widget"] for o in c["outputs"])]
+    assert not widgets, f"{name}: a panel shows no widget after Run All: {[c['source'][:60] for c in widgets]}"
 
 
 # JupyterLab's own noise, not the notebook's: its debugger asks a new kernel for its state, and a tab closed before the
