@@ -369,7 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.cmd == "read":
             return cmd_read(ns)
         if ns.cmd == "memory":
-            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns)
+            tracer = None
+            if getattr(ns, "trace", None) is not None:
+                from labkit.model.trace_runner import run_trace as tracer
+            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns, tracer)
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:
         print(f"labkit: {exc}", file=sys.stderr)

@@ -10,13 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
+from labkit.config.keys import ACTOR
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.choice import settings_for
 from labkit.memory.headroom import DEFAULT_GPU
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import gpu, gpu_names, model_names
 from labkit.memory.step_memory import fill_bytes_predicted
+from labkit.memory.trace_compare import trace_lines, trace_spec
 from labkit.memory.verdict import GiB, MemoryReport, memory_report
 from labkit.trace import StepTrace
 
@@ -32,6 +36,7 @@ UNITS = {
     "gb": 10**9,
     "tb": 10**12,
 }
+Tracer = Callable[..., dict[str, Any]]
 DOC = "predicted GPU memory per phase of one step, the first phase that OOMs, and the knobs that fix it"
 
 
@@ -47,6 +52,14 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--gpu", default=None, help=f"a GPU preset (capacity as nvidia-smi reports it): {', '.join(gpu_names())}"
     )
     s.add_argument("--margin", type=float, default=None, help="GiB a phase must keep free to 'fit' (default 2)")
+    s.add_argument(
+        "--trace",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="PHASE",
+        help="also trace the failing (or this) phase's largest micro-batch on fake CUDA tensors (seconds)",
+    )
     s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
 
 
@@ -139,11 +152,35 @@ def render_text(rep: MemoryReport) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: VerlConfig, ns: argparse.Namespace) -> int:
-    """Print the report (text or --json); 0 when the step fits, 1 when a phase OOMs."""
+def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -> int:
+    """Print the report (text or --json); 0 when the step fits, 1 when a phase OOMs. With --trace, ``tracer``
+    (``labkit.model.trace_runner.run_trace``, passed in by ``labkit.cli``) traces one phase beside the formula."""
     rep = report(cfg, ns)
-    print(json.dumps(rep.to_dict()) if ns.json else render_text(rep))
+    traced = None
+    if getattr(ns, "trace", None) is not None and tracer is not None:
+        traced = _trace(cfg, rep, ns.trace, tracer)
+    if ns.json:
+        doc = rep.to_dict()
+        if traced is not None:
+            doc["trace"] = {"phase": traced[0], **traced[2]}
+        print(json.dumps(doc, default=str))
+    else:
+        print(render_text(rep))
+        if traced is not None:
+            print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))
     return 0 if rep.first_oom is None else 1
+
+
+def _trace(cfg: VerlConfig, rep: MemoryReport, phase: str, tracer: Tracer) -> tuple[str, dict, dict]:
+    passes = [n for n in rep.phases if n != "generate"]
+    if phase == "auto":
+        phase = next((n for n in passes if rep.state(n)[0] != "fits"), "update_actor")
+    if phase not in passes:
+        raise ConfigError(f"--trace: {phase!r} is not a traced phase of this step; use one of {', '.join(passes)}")
+    compiled = cfg.ignored.get(f"{ACTOR}.use_torch_compile", cfg.values.get(f"{ACTOR}.use_torch_compile", True))
+    spec = trace_spec(rep.settings, phase, rep.phases[phase], bool(compiled) and str(compiled).lower() != "false")
+    model = spec.pop("model")
+    return phase, {**spec, "model": model}, tracer(model, **spec)
 
 
 def fill_trace(tr: StepTrace, cfg: VerlConfig, model: str, gpu_bytes: int | None = None) -> StepTrace:

@@ -179,11 +179,15 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         back = {"logits_grad": 2 * head["logits"]}
     elif s.logprob_kernel == "verl" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
         back = {"logits": tok * vocab * b, "logits_grad": tok * vocab * b if s.update_entropy else 0}
+        # the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's backward matmul, and
+        # the final norm's fp32 upcast of the last hidden state it saved (traced: labkit.model.memory_trace)
+        back["lm_head_grad"] = m.vocab_size * m.hidden_size * b
+        back["activations"] = saved + (4 * tok * m.hidden_size if b < 4 else 0)
     else:
         back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
     instants = {
         "forward_head": fwd,
-        "backward_head": {**base, "activations": saved, **back},
+        "backward_head": {**base, "activations": saved, **back},  # back may widen the activations
         "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
     }
     p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size

@@ -88,6 +88,11 @@ TERMS: dict[str, Term] = {
         (f"{A}.entropy_coeff",),
         "the backward of the log-prob head",
     ),
+    "lm_head_grad": Term(
+        "V·H·b in the update's head backward (verl's logprobs_from_logits)",
+        (f"{A}.ppo_micro_batch_size_per_gpu",),
+        "the LM head's (tied: the embedding's) unsharded weight gradient before FSDP reduce-scatters it",
+    ),
     "attention_mask": Term(
         "5·T² (sdpa on a packed row; 0 with flash attention)",
         (f"{M}.use_remove_padding",),

@@ -1,0 +1,81 @@
+"""``labkit memory --trace``: the formula's phase beside a fake-CUDA trace of its largest micro-batch.
+
+The trace itself is compute (``labkit.model.memory_trace``, run by ``labkit.model.trace_runner.run_trace``); this
+module only says what to trace for a phase (``trace_spec``), which formula terms a trace can see (``TRANSIENT``:
+the pass's own allocations above the weights; model states, FSDP's gathered copies and the headroom terms are
+outside it) and prints the two side by side (``trace_lines``). ``labkit.cli`` passes the tracer in, so this layer
+imports no tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.memory.phases import Phase
+from labkit.memory.settings import MemorySettings
+
+GiB = 2**30
+NOT_TRACED = (
+    "params",
+    "grads",
+    "optimizer",
+    "ref_params",
+    "critic_params",
+    "critic_grads",
+    "critic_optimizer",
+    "rollout_share",
+    "gathered_params",
+    "layer_grads",
+    "adam_temporaries",
+    "cuda_context",
+    "cublas_workspace",
+    "nccl_buffers",
+    "allocator_reserve",
+)
+"""Terms a trace of one micro-batch's pass does not hold above its weights."""
+
+
+def transient_terms(p: Phase, instant: str | None = None) -> dict[str, int]:
+    """The terms of ``instant`` (the peak's by default) that a trace sees: the pass's own tensors."""
+    live = p.instants[instant or p.peak_instant]
+    return {k: v for k, v in live.items() if k not in NOT_TRACED and v}
+
+
+def trace_spec(s: MemorySettings, name: str, p: Phase, entropy_compiled: bool = True) -> dict[str, Any]:
+    """What to trace for phase ``name``: its largest micro-batch as packed sequences, and the pass's flags."""
+    tokens, rows = int(p.info["tokens"]), max(1, int(p.info.get("rows") or 1))
+    width = max(1, tokens // rows)
+    seqs = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
+    update = name.startswith("update")
+    wants_entropy = name == "old_log_prob" or (update and s.update_entropy)
+    return {
+        "model": s.model,
+        "seq_lengths": seqs,
+        "update": update,
+        "entropy": ("compiled" if entropy_compiled else "eager") if wants_entropy else "none",
+        "checkpointing": bool(s.gradient_checkpointing),
+        "head": "flash_attn",
+    }
+
+
+def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """The trace's peak, instant and alive tensors beside the formula's transient terms, and the stand-ins."""
+    formula = transient_terms(p)
+    total = sum(formula.values())
+    traced = int(result["peak_bytes"])
+    flags = ", ".join(f"{k}={spec[k]}" for k in ("update", "entropy", "checkpointing", "head"))
+    lines = [
+        f"trace of {name} ({s.model.name}, {sum(spec['seq_lengths']):,} tokens packed in "
+        f"{len(spec['seq_lengths'])} sequences; {flags}; fake CUDA, bf16 autocast):",
+        f"  traced peak above the weights: {traced / GiB:,.2f} GiB at {result['op']} in {result['module']}",
+        f"  formula at {p.peak_instant}: {total / GiB:,.2f} GiB of pass tensors ("
+        + ", ".join(f"{k} {v / GiB:,.2f}" for k, v in formula.items())
+        + f"); formula / trace = {total / max(traced, 1):.2f}",
+        "  alive at the traced peak (largest first):",
+    ]
+    for a in result["alive"][:8]:
+        lines.append(
+            f"    {a['bytes'] / GiB:8.2f} GiB  {a['dtype'].removeprefix('torch.'):<9} {a['shape']}  from {a['op']}"
+        )
+    lines.append(f"  stand-ins (no fake tensor runs them): {'; '.join(result['stand_ins'])}")
+    return lines
