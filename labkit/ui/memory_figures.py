@@ -136,3 +136,45 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
     )
     display(box)
     return box
+
+
+def trace_for(overrides: Sequence[str], model: str, phase: str, gpu_name: str = "H100-80GB") -> dict[str, Any]:
+    """The formula's phase and a fake-CUDA trace of its largest micro-batch (``labkit memory --trace``): the trace
+    result, the formula's pass terms at its peak, and formula / trace."""
+    from labkit.memory.trace_compare import trace_spec, transient_terms
+    from labkit.model.trace_runner import run_trace
+
+    rep = report_for(overrides, model, gpu_name)
+    p = rep.phases[phase]
+    spec = trace_spec(rep.settings, phase, p)
+    result = run_trace(spec.pop("model"), **spec)
+    terms = transient_terms(p)
+    return {
+        "phase": phase,
+        "spec": spec,
+        "result": result,
+        "formula": terms,
+        "ratio": sum(terms.values()) / max(1, result["peak_bytes"]),
+    }
+
+
+def trace_figure(traced: Mapping[str, Any]) -> go.Figure:
+    """Two stacked bars in GiB: the formula's pass terms at its peak, and the tensors alive at the traced peak
+    (the largest eight by op, dtype and shape; the rest as one block)."""
+    gib = 2**30
+    fig = go.Figure()
+    for name, v in traced["formula"].items():
+        fig.add_bar(name=f"formula: {name}", x=["formula"], y=[v / gib])
+    alive = traced["result"]["alive"]
+    for a in alive[:8]:
+        label = f"{a['op']} {a['dtype'].removeprefix('torch.')} {tuple(a['shape'])}"
+        fig.add_bar(name=f"trace: {label}", x=["trace"], y=[a["bytes"] / gib])
+    rest = traced["result"]["peak_bytes"] - sum(a["bytes"] for a in alive[:8])
+    fig.add_bar(name="trace: every smaller tensor", x=["trace"], y=[rest / gib])
+    fig.update_layout(
+        barmode="stack",
+        title=f"{traced['phase']}: formula vs fake-CUDA trace at its peak ({traced['result']['op']} in "
+        f"{traced['result']['module']}; formula / trace {traced['ratio']:.2f})",
+        yaxis_title="GiB above the weights",
+    )
+    return fig
