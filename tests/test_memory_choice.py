@@ -142,3 +142,21 @@ def test_the_verdict_states_its_length_assumption_and_the_typical_case():
     flat = S.evaluate(S.Inputs(" ".join([f"{PATH}=Qwen/Qwen2.5-7B-Instruct", *USER]), lengths=S.NO_LENGTHS))
     assert "gsm8k-like" in st.memory.lengths and "full width" in flat.memory.lengths
     assert st.memory.phases["old_log_prob"].peak_bytes < flat.memory.phases["old_log_prob"].peak_bytes
+
+
+def test_eager_entropy_costs_fp32_and_torch_compile_is_offered():
+    """actor.use_torch_compile=false: the entropy's softmax and product are fp32 under autocast (8 bytes a logit,
+    as the fake-CUDA trace holds them); the fixes then offer verl's default, torch.compile, back."""
+    eager = load_config(None, [*USER, "actor_rollout_ref.actor.use_torch_compile=false"])
+    default = load_config(None, USER)
+    se, sd = settings_for(eager, "Qwen2.5-7B"), settings_for(default, "Qwen2.5-7B")
+    assert sd.entropy_compiled and not se.entropy_compiled
+    re, rd = memory_report(eager, se), memory_report(default, sd)
+    tokens = re.phases["old_log_prob"].info["tokens"]
+    e_terms, d_terms = re.phases["old_log_prob"].instants["entropy"], rd.phases["old_log_prob"].instants["entropy"]
+    assert e_terms["entropy"] == 8 * tokens * 152064 and d_terms["entropy"] == 2 * 2 * tokens * 152064
+    knobs = {f["knob"]: f for f in re.fixes}
+    assert "actor_rollout_ref.actor.use_torch_compile" in knobs
+    assert "actor_rollout_ref.actor.use_torch_compile" not in {f["knob"] for f in rd.fixes}
+    fix = knobs["actor_rollout_ref.actor.use_torch_compile"]
+    assert fix["new_peak_bytes"] == rd.phases["old_log_prob"].peak_bytes

@@ -122,6 +122,8 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
         return (
             min(tokens, s.entropy_chunk_size) * v * ((4 if s.compute_bytes < 4 else 0) + 8)
         )  # fp32 copy, softmax, p·z
+    if not s.entropy_compiled and s.compute_bytes < 4:  # eager under autocast: fp32 softmax and fp32 p·z
+        return 8 * tokens * v
     return 2 * tokens * v * s.compute_bytes
 
 

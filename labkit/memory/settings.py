@@ -94,6 +94,10 @@ class MemorySettings:
     """A reference policy exists (KL loss or in-reward KL): ref params and the ref_log_prob phase."""
     need_critic: bool = False
     """A critic exists (GAE): critic params, values and update_critic."""
+    entropy_compiled: bool = True
+    """actor.use_torch_compile (verl's default true): the entropy runs as ``torch.compile(entropy_from_logits)``,
+    costed as eager (an upper bound: inductor's fusion cannot be traced); false: eager under bf16 autocast, whose
+    softmax and product are fp32 (8 bytes a logit, traced by ``labkit.model.memory_trace``)."""
     cuda_context_bytes: int = 0
     """What the CUDA context and module images take of C (``labkit.memory.headroom``; 0: not counted)."""
     cublas_workspace_bytes: int = 0
@@ -144,8 +148,15 @@ class MemorySettings:
             remove_padding=bool(g(f"{MODEL if cfg.profile == 'engine' else ACTOR}.use_remove_padding")),
             fused_kernels=g(f"{MODEL}.use_fused_kernels"),
             update_entropy=bool(g(f"{ACTOR}.calculate_entropy") or g(f"{ACTOR}.entropy_coeff") != 0),
+            entropy_compiled=_flag(cfg, f"{ACTOR}.use_torch_compile", True),
             need_ref=cfg.need_reference_policy,
             need_critic=cfg.need_critic,
         )
         values.update(over)
         return cls(**values)
+
+
+def _flag(cfg: Any, key: str, default: bool) -> bool:
+    """A boolean verl key labkit's config does not model (kept among the ignored overrides), or verl's default."""
+    raw = getattr(cfg, "ignored", {}).get(key, getattr(cfg, "values", {}).get(key, default))
+    return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("true", "1", "yes")

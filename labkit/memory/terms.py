@@ -79,8 +79,14 @@ TERMS: dict[str, Term] = {
         "the fp32 upcast and the fp32 log-softmax of a naive head",
     ),
     "entropy": Term(
-        "naive 2·T·V·b; chunked min(T, chunk)·V·(4·[b<4] + 8)",
-        (f"{A}.entropy_from_logits_with_chunking", f"{A}.entropy_from_logits_chunk_size", f"{A}.entropy_coeff"),
+        "compiled (default) 2·T·V·b; eager (use_torch_compile=false) 8·T·V under bf16 autocast; chunked "
+        "min(T, chunk)·V·(4·[b<4] + 8)",
+        (
+            f"{A}.entropy_from_logits_with_chunking",
+            f"{A}.entropy_from_logits_chunk_size",
+            f"{A}.entropy_coeff",
+            f"{A}.use_torch_compile",
+        ),
         "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
     ),
     "logits_grad": Term(

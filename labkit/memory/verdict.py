@@ -128,6 +128,14 @@ def _candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[tuple[st
                 "(verl's FusedLinearForPPO), the same math up to bf16 rounding",
             )
         )
+    if (phase == "old_log_prob" or (phase == "update_actor" and s.update_entropy)) and not s.entropy_compiled:
+        out.append(
+            (
+                f"{ACTOR}.use_torch_compile",
+                [{"entropy_compiled": True}],
+                "torch.compile's first-step compile time; the same entropy up to fusion rounding",
+            )
+        )
     if phase == "old_log_prob" and not s.entropy_chunking:
         out.append(
             (
