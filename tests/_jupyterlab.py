@@ -257,7 +257,7 @@ def run_notebook(page, path: str, params: str = "", timeout_s: float = 120) -> l
     if params:
         page.evaluate("([p, s]) => window.__lab.setSource(p, 1, s)", [path, original + "\n" + params])
     page.evaluate("p => window.__lab.runAll(p)", path)
-    page.wait_for_function("p => window.__lab.started(p)", arg=path, timeout=10_000)
+    page.wait_for_function("p => window.__lab.started(p)", arg=path, timeout=30_000)  # busy cores: seconds
     page.wait_for_function("p => window.__lab.done(p)", arg=path, timeout=timeout_s * 1000, polling=250)
     if params:
         page.evaluate("([p, s]) => window.__lab.setSource(p, 1, s)", [path, original])
