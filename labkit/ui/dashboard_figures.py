@@ -11,13 +11,12 @@ import html
 from typing import Any
 
 from labkit.trace import StepTrace
-from labkit.ui.figure_style import PALETTE, FigureSpec, hline_spec, plain_figure, specs
+from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, hline_spec, plain_figure, specs
 from labkit.ui.html_table import html_table
 from labkit.ui.plan_tables import stage_table_html
 
 GiB = 2**30
 COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#6F4E7C", "#3D3D3D", "#17BECF", "#BCBD22"]  # one per memory term
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 METRICS = {  # RankRecord field -> axis title (with its unit)
     "tokens": "real tokens per DP rank",
     "rows": "rows (samples) per DP rank",

@@ -19,6 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"  # the mime type JupyterLab's plotly renderer reads
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
 _GRID = {"gridcolor": "#EBF0F8", "zerolinecolor": "#EBF0F8", "linecolor": "#EBF0F8", "automargin": True}
 # the look of plotly_white in a few layout keys, as a Template object (plotly_white itself, or plotly's default
@@ -81,7 +82,7 @@ def _display_plotly(spec_json: str) -> None:
     from IPython.display import display
 
     if get_ipython() is not None:
-        display({"application/vnd.plotly.v1+json": json.loads(spec_json)}, raw=True)
+        display({PLOTLY_MIME: json.loads(spec_json)}, raw=True)
 
 
 class Figure(go.Figure):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
+from labkit.ui.figure_style import PLOTLY_MIME
 
 
 def figure_output(fig: Any) -> dict:

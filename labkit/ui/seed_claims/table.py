@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from labkit.ui.figure_style import PLOTLY_MIME
 from labkit.ui.figures import PALETTE
 from labkit.ui.seed_claims.record import VERDICTS, Result
 
@@ -109,7 +110,7 @@ def show(fig: go.Figure) -> None:
     from IPython.display import display
 
     bundle = {
-        "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+        PLOTLY_MIME: json.loads(fig.to_json()),
         "text/plain": f"<plotly: {fig.layout.title.text}>",
     }
     display(bundle, raw=True)
