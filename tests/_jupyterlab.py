@@ -194,8 +194,10 @@ JS_HELPERS = """() => {
                        return !!(w && w.context.isReady && k && k.connectionStatus === 'connected' && k.status === 'idle'); },
     source: (path, i) => find(path).content.model.cells.get(i).sharedModel.getSource(),
     setSource: (path, i, text) => { find(path).content.model.cells.get(i).sharedModel.setSource(text); return true; },
+    // the command names its notebook (widgetId, as the cell toolbar does): without it, it runs whichever notebook
+    // the shell's focus tracker holds as current, which on a busy page can still be another one
     runAll: (path) => { const w = find(path); app.shell.activateById(w.id);
-                        app.commands.execute('notebook:run-all-cells'); return true; },
+                        app.commands.execute('notebook:run-all-cells', {widgetId: w.id}); return true; },
     started: (path) => code(find(path)).some(c => running(c) || c.model.executionCount !== null),
     // done: the last code cell has its count, or a cell not tagged raises-exception failed (run-all stops there);
     // and nothing is queued or running (a cell can sit idle without its count for a moment in between)
@@ -212,8 +214,8 @@ JS_HELPERS = """() => {
           widget: !!(o.data && o.data['application/vnd.jupyter.widget-view+json'])}))})),
     // the notebooks open in the main area (each has a kernel)
     openNotebooks: () => Array.from(app.shell.widgets('main')).filter(w => w.context && w.sessionContext).length,
-    save: (path) => { const w = find(path); app.shell.activateById(w.id); app.commands.execute('docmanager:save');
-                      return true; },
+    // the document's own save (the server's save hook applies); docmanager:save would save the current widget
+    save: (path) => { find(path).context.save(); return true; },
     dirty: (path) => find(path).context.model.dirty,
     close: (path) => { find(path).close(); return true; },
     // close without saving: an opened notebook can be marked changed (JupyterLab fills in its metadata), and a
@@ -257,11 +259,7 @@ def run_notebook(page, path: str, params: str = "", timeout_s: float = 120) -> l
     if params:
         page.evaluate("([p, s]) => window.__lab.setSource(p, 1, s)", [path, original + "\n" + params])
     page.evaluate("p => window.__lab.runAll(p)", path)
-    try:
-        page.wait_for_function("p => window.__lab.started(p)", arg=path, timeout=15_000)
-    except Exception:  # on busy cores the command can reach the notebook before its tab is the current one: once more
-        page.evaluate("p => window.__lab.runAll(p)", path)
-        page.wait_for_function("p => window.__lab.started(p)", arg=path, timeout=30_000)
+    page.wait_for_function("p => window.__lab.started(p)", arg=path, timeout=30_000)
     page.wait_for_function("p => window.__lab.done(p)", arg=path, timeout=timeout_s * 1000, polling=250)
     if params:
         page.evaluate("([p, s]) => window.__lab.setSource(p, 1, s)", [path, original])
