@@ -32,6 +32,8 @@ USER = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
+    # default torch.compile fuses it (the head then holds only the logits: the same step fits)
 ]
 
 
@@ -83,7 +85,7 @@ def test_more_rows_or_tokens_never_predict_less_offload_and_checkpointing_never_
 def test_every_term_is_named_and_peaks_are_sums_of_terms():
     code, doc = _memory_json(*USER, "--model", "Qwen2.5-7B", "--gpu-memory", "80GiB")
     assert code == 1 and doc["first_oom"] == "old_log_prob"
-    assert set(doc) == {"phases", "first_oom", "fixes", "capacity_bytes", "margin_bytes", "lengths"}
+    assert set(doc) == {"phases", "first_oom", "fixes", "capacity_bytes", "margin_bytes", "lengths", "verl_error"}
     assert doc["capacity_bytes"] == 80 * GiB and doc["margin_bytes"] == 2 * GiB and "full width" in doc["lengths"]
     assert all(set(p) == {"peak_bytes", "terms", "state", "left_bytes"} for p in doc["phases"].values())
     for phase in doc["phases"].values():
@@ -185,6 +187,7 @@ def test_known_long_responses_oom_with_static_micro_batches():
             "data.max_prompt_length=1024",
             "data.max_response_length=16384",
             "algorithm.adv_estimator=grpo",
+            f"{A}.use_torch_compile=false",
         ]
     )
     rep = memory_report(cfg, s)
@@ -235,7 +238,7 @@ def test_known_entropy_over_full_logits_in_old_log_prob():
     )
     rep = memory_report(cfg, s)
     old, ref = rep.phases["old_log_prob"], rep.phases["ref_log_prob"]
-    assert old.peak_instant == "entropy" and 6 * GiB < old.terms["entropy"] < 7 * GiB
+    assert old.peak_instant == "entropy" and old.terms["entropy"] == 8 * 12288 * 152064  # fp32 softmax and p·z
     assert rep.first_oom == "old_log_prob" and ref.peak_bytes < 26 * GiB
     chunked = [f for f in rep.fixes if f["knob"] == f"{A}.entropy_from_logits_with_chunking"]
     assert chunked and chunked[0]["fits"]
@@ -253,6 +256,7 @@ def test_known_budget_below_the_longest_sequence():
         f"{A}.use_dynamic_bsz=true",
         f"{A}.ppo_max_token_len_per_gpu=50000",
         f"{R}.log_prob_max_token_len_per_gpu=50000",
+        f"{A}.use_torch_compile=false",
     ]
     cfg, s = _settings(over, gib=40)
     rep = memory_report(cfg, s)

@@ -30,8 +30,9 @@ def test_tiny_passes_predicted_vs_measured():
 
 
 def test_verl_entropy_and_log_prob_allocate_what_the_model_says():
-    """verl 0.9.1's own entropy_from_logits (2·T·V·b), entropy_from_logits_with_chunking (c·V·(4·[b<4] + 8)) and
-    logprobs_from_logits (no T×V temporary), measured by the allocator on the CPU against the model's terms."""
+    """verl 0.9.1's own entropy_from_logits (2·T·V·b without autocast), entropy_from_logits_with_chunking
+    (c·V·(4·[b<4] + 8)) and logprobs_from_logits (no flash_attn on a CPU: the torch head, no T×V temporary under
+    no_grad), measured by the allocator on the CPU against the model's terms."""
     from dataclasses import replace
 
     from verl.utils import torch_functional as verl_F
@@ -45,7 +46,7 @@ def test_verl_entropy_and_log_prob_allocate_what_the_model_says():
         logits = torch.randn(tokens, vocab).to(dtype)
         for chunked in (False, True):
             s = tiny_settings(shape, compute_bytes=b, entropy_chunking=chunked, entropy_chunk_size=chunk,
-                              logprob_kernel="verl")  # fmt: skip
+                              logprob_kernel="torch")  # fmt: skip
             phase = forward_pass(s, "old_log_prob", PassShape(1, tokens))
             with AllocationMeter() as m:
                 if chunked:

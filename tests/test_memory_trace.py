@@ -9,48 +9,68 @@ import pytest
 from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
 from labkit.memory.phases import PassShape, forward_pass, update_pass
-from labkit.memory.trace_compare import transient_terms
+from labkit.memory.trace_compare import trace_spec, transient_terms
 from labkit.model.trace_runner import run_traces
 
-# (model, tokens, pass, checkpointing): tied (0.5B) and untied (7B) embeddings, 4k-16k tokens; old_log_prob here
-# with the eager entropy (actor.use_torch_compile=false), whose fp32 softmax and product the trace holds
+# (model, tokens, pass, settings changes): tied (0.5B, Qwen3-0.6B) and untied (7B, Llama-3.1-8B) embeddings, GQA
+# ratios 7:1 to 2:1, 2k-64k tokens; every head flag: entropy eager / compiled / chunked / checkpointed / fused,
+# flash_attn's head and verl's torch fallback, temperature ≠ 1 (the engine's copy, legacy's in place), checkpointing
+EAGER = {"entropy_compiled": False}
 GRID = [
-    ("Qwen2.5-0.5B", 4096, "ref_log_prob", True),
-    ("Qwen2.5-0.5B", 16384, "update_actor", True),
-    ("Qwen2.5-7B", 4096, "update_actor", True),
-    ("Qwen2.5-7B", 16384, "ref_log_prob", True),
-    ("Qwen2.5-7B", 8192, "update_actor", True),
-    ("Qwen2.5-0.5B", 8192, "update_actor", False),
-    ("Qwen2.5-7B", 8192, "old_log_prob", True),
-    ("Qwen2.5-0.5B", 16384, "old_log_prob", True),
+    ("Qwen2.5-0.5B", 4096, "ref_log_prob", {}),
+    ("Qwen2.5-0.5B", 65536, "ref_log_prob", {}),
+    ("Qwen2.5-0.5B", 16384, "update_actor", {}),
+    ("Qwen2.5-7B", 4096, "update_actor", {}),
+    ("Qwen2.5-7B", 16384, "ref_log_prob", {}),
+    ("Qwen2.5-7B", 8192, "update_actor", {}),
+    ("Qwen2.5-0.5B", 8192, "update_actor", {"gradient_checkpointing": False}),
+    ("Qwen2.5-7B", 8192, "old_log_prob", EAGER),
+    ("Qwen2.5-0.5B", 16384, "old_log_prob", EAGER),
+    ("Qwen2.5-7B", 8192, "old_log_prob", {}),  # verl's default: compiled entropy
+    ("Qwen3-0.6B", 4096, "old_log_prob", {**EAGER, "entropy_chunking": True}),
+    ("Qwen2.5-0.5B", 4096, "old_log_prob", {"fused_kernels": True}),
+    ("Llama-3.1-8B", 2048, "old_log_prob", {**EAGER, "temperature": 0.7}),  # engine: a copy
+    ("Llama-3.1-8B", 2048, "old_log_prob", {**EAGER, "temperature": 0.7, "profile": "legacy"}),  # in place
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**EAGER, "update_entropy": True}),
+    ("Qwen3-0.6B", 4096, "update_actor", {"update_entropy": True}),  # compiled
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**EAGER, "update_entropy": True, "entropy_chunking": True}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**EAGER, "update_entropy": True, "entropy_checkpointing": True}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {"fused_kernels": True}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {"fused_kernels": True, "update_entropy": True}),
+    ("Qwen2.5-0.5B", 2048, "update_actor", {"logprob_kernel": "torch"}),
+    ("Qwen3-0.6B", 2048, "old_log_prob", {"logprob_kernel": "torch"}),
 ]
-EAGER = ["actor_rollout_ref.actor.use_torch_compile=false"]
+
+
+def _case(case):
+    model, tokens, name, changes = GRID[case]
+    s = replace(settings_for(load_config(None, []), model), **changes)
+    fn = update_pass if name.startswith("update") else forward_pass
+    phase = fn(s, name, PassShape(2, tokens))
+    return s, name, phase
 
 
 @pytest.fixture(scope="module")
 def traced():
-    specs = [
-        {
-            "model": m,
-            "seq_lengths": [t // 2, t // 2],
-            "update": p.startswith("update"),
-            "checkpointing": ck,
-            "entropy": "eager" if p == "old_log_prob" else "none",
-        }
-        for m, t, p, ck in GRID
-    ]
-    return run_traces(specs)
+    return run_traces([trace_spec(*_case(k)) for k in range(len(GRID))])
 
 
 @pytest.mark.parametrize("case", range(len(GRID)))
 def test_formula_within_10_percent_of_the_trace(traced, case):
-    model, tokens, name, ckpt = GRID[case]
-    s = replace(settings_for(load_config(None, EAGER), model), gradient_checkpointing=ckpt)
-    assert not s.entropy_compiled
-    fn = update_pass if name.startswith("update") else forward_pass
-    formula = sum(transient_terms(fn(s, name, PassShape(2, tokens))).values())
+    s, name, phase = _case(case)
+    spec = trace_spec(s, name, phase)
+    assert sum(spec["seq_lengths"]) == GRID[case][1] and len(spec["seq_lengths"]) == 2
+    formula = sum(transient_terms(phase).values())
     trace = traced[case]["peak_bytes"]
-    assert 0.9 <= formula / trace <= 1.1, (GRID[case], formula / 2**30, trace / 2**30, traced[case]["op"])
+    detail = (
+        GRID[case],
+        phase.peak_instant,
+        formula / 2**30,
+        trace / 2**30,
+        traced[case]["op"],
+        traced[case]["module"],
+    )
+    assert 0.9 <= formula / trace <= 1.1, detail
 
 
 def test_op_granularity_on_fake_cuda_is_fake_cpus():

@@ -11,9 +11,9 @@ import argparse
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from labkit.config.keys import ACTOR
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.choice import settings_for
 from labkit.memory.headroom import DEFAULT_GPU
@@ -60,6 +60,13 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="PHASE",
         help="also trace the failing (or this) phase's largest micro-batch on fake CUDA tensors (seconds)",
     )
+    s.add_argument(
+        "--head",
+        choices=("flash_attn", "torch"),
+        default=None,
+        help="verl's log-prob head: flash_attn (default: flash-attn installed, as in verl's GPU images) or torch "
+        "(verl's fallback without it: a log-softmax per token row, 4 bytes a logit saved under grad)",
+    )
     s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
 
 
@@ -71,10 +78,25 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
+HEADS = {
+    "flash_attn": "flash_attn's cross-entropy (verl with flash-attn installed; --head torch without it)",
+    "torch": "verl's torch fallback, a log-softmax per token row (no flash_attn; --head torch)",
+    "full_log_softmax": "a full fp32 log-softmax (labkit's CPU head)",
+}
+ENTROPY = {
+    "fused": "inside the fused kernel (model.use_fused_kernels)",
+    "compiled": "torch.compile'd (actor.use_torch_compile, verl's default; an ideal fusion, no T×V temporaries)",
+    "checkpointed": "eager, recomputed in backward (actor.entropy_checkpointing)",
+    "chunked": "eager in chunks (actor.entropy_from_logits_with_chunking)",
+    "eager": "eager under bf16 autocast (actor.use_torch_compile=false)",
+}
+
+
 def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
     """The settings for parsed CLI options (``labkit.memory.choice.settings_for``, as the dashboard decides)."""
     capacity = parse_bytes(ns.gpu_memory) if ns.gpu_memory is not None else None
-    return settings_for(cfg, ns.model, ns.gpu, capacity, getattr(ns, "margin", None))
+    s = settings_for(cfg, ns.model, ns.gpu, capacity, getattr(ns, "margin", None))
+    return replace(s, logprob_kernel=getattr(ns, "head", None) or s.logprob_kernel)
 
 
 def report(cfg: VerlConfig, ns: argparse.Namespace) -> MemoryReport:
@@ -114,6 +136,7 @@ def render_text(rep: MemoryReport) -> str:
             if p.info.get("engine_error"):
                 lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
     lines.append(f"lengths: {rep.lengths}")
+    lines.append(f"log-prob head: {HEADS[s.logprob_kernel]}; entropy: {ENTROPY[s.entropy_mode]}")
     lines.append(
         f"headroom in every phase: cuda_context {_gib(s.cuda_context_bytes)}, cublas_workspace "
         f"{_gib(s.cublas_workspace_bytes)}, nccl_buffers {_gib(s.nccl_bytes)}, allocator_reserve "
@@ -138,12 +161,24 @@ def render_text(rep: MemoryReport) -> str:
         lines.append(
             f"verdict: {rep.first_oom} is the first phase that OOMs: it {why} (largest term: {next(iter(p.terms))})."
         )
+    if rep.verl_error is not None:
+        lines.append(
+            f"note: verl rejects this config before any memory fix ({rep.verl_error}: `labkit check` says why)"
+        )
     lines.append("fixes (each alone, new predicted peak of that phase; * = the whole step then fits):")
     for f in rep.fixes:
         mark = "*" if f["step_fits"] else (" " if f["fits"] else "-")
         state = "fits" if f["fits"] else "still short"
-        lines.append(f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); cost: {f['cost']}")
-    lines.append("  (memory only: `labkit check` with a fix tells whether verl accepts the changed config)")
+        verl = (
+            "verl accepts it"
+            if f["verl_error"] is None
+            else f"verl rejects it ({f['verl_error']})"
+            if f["verl_error"] != rep.verl_error
+            else f"verl still rejects the config ({rep.verl_error})"
+        )
+        lines.append(
+            f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); {verl}; cost: {f['cost']}"
+        )
     if not any(f["step_fits"] for f in rep.fixes):
         lines.append(
             "  no single knob labkit models makes the whole step fit: combine fixes, or use more GPUs, a "
@@ -177,8 +212,7 @@ def _trace(cfg: VerlConfig, rep: MemoryReport, phase: str, tracer: Tracer) -> tu
         phase = next((n for n in passes if rep.state(n)[0] != "fits"), "update_actor")
     if phase not in passes:
         raise ConfigError(f"--trace: {phase!r} is not a traced phase of this step; use one of {', '.join(passes)}")
-    compiled = cfg.ignored.get(f"{ACTOR}.use_torch_compile", cfg.values.get(f"{ACTOR}.use_torch_compile", True))
-    spec = trace_spec(rep.settings, phase, rep.phases[phase], bool(compiled) and str(compiled).lower() != "false")
+    spec = trace_spec(rep.settings, phase, rep.phases[phase])
     model = spec.pop("model")
     return phase, {**spec, "model": model}, tracer(model, **spec)
 

@@ -104,27 +104,65 @@ def generate(s: MemorySettings) -> Phase:
 
 
 def _head(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
-    """The log-prob head: logits in the compute dtype, their fp32 upcast and log-softmax (fused: per chunk)."""
+    """The log-prob head of a forward-only pass: the logits in the compute dtype (flash_attn's or torch's head add no
+    T×V tensor under no_grad), labkit's CPU head its fp32 upcast and log-softmax, the fused kernel one chunk."""
     b = s.compute_bytes
     if s.fused_kernels and vocab > 1:
-        return {"logits": logprob_peak_bytes(tokens, vocab, b, FUSED_CHUNK)}
-    if s.logprob_kernel == "verl" and vocab > 1:
-        return {"logits": tokens * vocab * b}
-    full = logprob_peak_bytes(tokens, vocab, b)
-    return {"logits": tokens * vocab * b, "log_softmax": full - tokens * vocab * b}
+        return {"fused_chunk": _fused_forward_chunk(s, tokens)}
+    logits = {"logits": tokens * vocab * b, **_temperature_copy(s, tokens, vocab)}
+    if s.logprob_kernel != "full_log_softmax" or vocab == 1:
+        return logits
+    return {**logits, "log_softmax": logprob_peak_bytes(tokens, vocab, b) - tokens * vocab * b}
+
+
+def _fp32_copy(s: MemorySettings) -> int:
+    """Bytes a logit's fp32 upcast takes under autocast (none when the compute dtype is fp32 already)."""
+    return 4 if s.compute_bytes < 4 else 0
+
+
+def _fused_forward_chunk(s: MemorySettings, tokens: int) -> int:
+    """verl's fused head (FusedLinearForPPO, torch backend), one chunk: fp32 logits, softmax and p·z (traced)."""
+    return min(tokens, FUSED_CHUNK) * s.model.vocab_size * (_fp32_copy(s) + 8)
+
+
+def _temperature_copy(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
+    return {"temperature_copy": tokens * vocab * s.compute_bytes} if s.temperature_copy and vocab > 1 else {}
 
 
 def _entropy(s: MemorySettings, tokens: int) -> int:
-    v = s.model.vocab_size
-    if s.fused_kernels:
+    """The forward entropy's tensors beyond the logits (no_grad, or what the forward holds at its peak)."""
+    v, mode = s.model.vocab_size, s.entropy_mode
+    if mode == "fused":
         return 0
-    if s.entropy_chunking and (s.remove_padding or s.profile == "engine"):  # legacy chunks on the rmpad path only
-        return (
-            min(tokens, s.entropy_chunk_size) * v * ((4 if s.compute_bytes < 4 else 0) + 8)
-        )  # fp32 copy, softmax, p·z
-    if not s.entropy_compiled and s.compute_bytes < 4:  # eager under autocast: fp32 softmax and fp32 p·z
-        return 8 * tokens * v
-    return 2 * tokens * v * s.compute_bytes
+    if mode == "compiled":  # inductor's fused kernel: three (T, 1) fp32 statistics and the (T,) result
+        return 16 * tokens
+    if mode == "chunked":  # fp32 copy, softmax and p·z of one chunk
+        return min(tokens, s.entropy_chunk_size) * v * (_fp32_copy(s) + 8)
+    # eager (and checkpointed's forward): the softmax and p·z, fp32 under autocast
+    return 2 * tokens * v * (4 if s.autocast else s.compute_bytes)
+
+
+def _entropy_backward(s: MemorySettings, tokens: int) -> dict[str, int]:
+    """The update's head backward with the entropy (traced): what the entropy saved, its backward's fp32
+    temporaries (the softmax and logsumexp backward: a product, a difference, an exp, a product) and the logits'
+    gradients."""
+    v, logit, mode = s.model.vocab_size, tokens * s.model.vocab_size * s.compute_bytes, s.entropy_mode
+    if mode == "compiled":  # the kernel's logits gradient, the cross-entropy's (in the logits) and their sum
+        return {"logits": logit, "logits_grad": 2 * logit}
+    saved = {"entropy_saved": 8 * tokens * v}  # the fp32 copy and the softmax, saved for backward
+    if mode == "chunked":  # every chunk's copy and softmax are saved; the backward runs a chunk at a time
+        rows = min(tokens, s.entropy_chunk_size)
+        return {"logits": logit, **saved, "entropy_backward": 16 * rows * v, "logits_grad": logit}
+    kept = {"logits": logit} if mode == "checkpointed" else {}  # the checkpoint keeps its input for the recompute
+    return {**kept, **saved, "entropy_backward": 16 * tokens * v, "logits_grad": logit}
+
+
+def _fused_backward_chunk(s: MemorySettings, tokens: int, entropy: bool) -> int:
+    """verl's fused head's backward, one chunk: the recomputed logits (bf16 and fp32), the softmax, the one-hot, the
+    gradient's fp32 products and its bf16 cast (traced: FusedLinearForPPO's backward; the entropy's terms reuse the
+    one-hot's and the difference's memory, 2 bytes a logit more)."""
+    per_logit = s.compute_bytes + _fp32_copy(s) + (20 if entropy else 18)
+    return min(tokens, FUSED_CHUNK) * s.model.vocab_size * per_logit
 
 
 def _gathered(s: MemorySettings) -> int:
@@ -152,7 +190,7 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         "log_prob": {**base, "activations": hidden, **_head(s, tok, vocab)},
     }
     if name == "old_log_prob":
-        logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b}
+        logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
         instants["entropy"] = {**base, "activations": hidden, **logits, "entropy": _entropy(s, tok)}
     return Phase(name, instants, {"tokens": tok, "rows": shape.rows})
 
@@ -174,22 +212,39 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
     vocab = 1 if critic else m.vocab_size
     head = _head(s, tok, vocab)
+    entropy = s.update_entropy and not critic
     fwd = {**base, "activations": saved, **head}
-    if s.update_entropy and not critic:
+    if entropy:
         fwd["entropy"] = _entropy(s, tok)
-    if s.fused_kernels and vocab > 1:
-        back = {"logits_grad": 2 * head["logits"]}
-    elif s.logprob_kernel == "verl" and vocab > 1:  # the kernel keeps the logits and writes the grad in place
-        back = {"logits": tok * vocab * b, "logits_grad": tok * vocab * b if s.update_entropy else 0}
-        # the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's backward matmul, and
-        # the final norm's fp32 upcast of the last hidden state it saved (traced: labkit.model.memory_trace)
-        back["lm_head_grad"] = m.vocab_size * m.hidden_size * b
-        back["activations"] = saved + (4 * tok * m.hidden_size if b < 4 else 0)
-    else:
+    if s.logprob_kernel == "torch" and vocab > 1 and not s.fused_kernels:  # each row's fp32 log-softmax, saved
+        fwd["log_softmax_rows"] = 4 * tok * vocab
+    # the head's backward: the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's
+    # backward matmul from the logits' gradient, and the final norm's fp32 upcast of the hidden state it saved
+    lm_head = {
+        "lm_head_grad": m.vocab_size * m.hidden_size * b,
+        "activations": saved + _fp32_copy(s) * tok * m.hidden_size,
+    }
+    if vocab == 1:
+        back = {"logits_grad": tok * b}
+    elif s.fused_kernels:  # a chunk's recomputed logits and their gradient; the hidden states' gradient
+        back = {
+            "fused_chunk": _fused_backward_chunk(s, tok, entropy),
+            "hidden_grad": tok * m.hidden_size * b,
+            **lm_head,
+        }
+    elif s.logprob_kernel == "full_log_softmax":
         back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
+    else:  # the cross-entropy's gradient is written into the logits (flash_attn) or stacked from the rows (torch)
+        back = {"logits": tok * vocab * b, **lm_head}
+    extra = (
+        {"backward_entropy": {**base, "activations": saved, **_entropy_backward(s, tok)}}
+        if entropy and not s.fused_kernels
+        else {}
+    )
     instants = {
         "forward_head": fwd,
         "backward_head": {**base, "activations": saved, **back},  # back may widen the activations
+        **extra,
         "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
     }
     p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size

@@ -80,10 +80,21 @@ class MemorySettings:
     """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
     update_entropy: bool = False
     """actor.calculate_entropy or actor.entropy_coeff ≠ 0: the update computes the entropy too."""
-    logprob_kernel: str = "verl"
-    """``verl``: verl's ``logprobs_from_logits`` (flash-attn's Triton cross-entropy on GPUs, else a row-by-row loop):
-    no T×V temporaries, the gradient in place; ``full_log_softmax``: an fp32 upcast and a full log-softmax (labkit's
-    naive head, the H200 anchor's 2 + 4 + 4 bytes a logit)."""
+    logprob_kernel: str = "flash_attn"
+    """verl's ``logprobs_from_logits``: ``flash_attn`` (flash-attn installed, verl's GPU images: its Triton
+    cross-entropy, no T×V temporaries, the gradient written into the logits); ``torch`` (no flash_attn:
+    ``logprobs_from_logits_v2``, a log-softmax per token row, each row's fp32 result saved under grad);
+    ``full_log_softmax``: an fp32 upcast and a full log-softmax (labkit's CPU head, the H200 anchor's 2 + 4 + 4
+    bytes a logit)."""
+    autocast: bool = True
+    """verl runs the actor's forward under ``torch.autocast(bfloat16)`` on GPUs: softmax, log-softmax and their
+    products run in fp32 there; labkit's CPU ranks (and their measurements) run without it."""
+    entropy_checkpointing: bool = False
+    """actor.entropy_checkpointing: the entropy runs under torch.utils.checkpoint (its fp32 tensors are recomputed
+    in backward instead of saved; the logits are kept for it)."""
+    temperature: float = 1.0
+    """rollout.temperature, by which the actor divides its logits: legacy in place, the engine into a copy (none at
+    1) while the model's output still holds the logits."""
     attention: str = "flash_attention_2"
     """The attention kernel: ``flash_attention_2`` (verl on GPUs: varlen, no mask) or ``sdpa`` (a dense mask)."""
     fsdp: bool = True
@@ -108,6 +119,25 @@ class MemorySettings:
     """The caching allocator's reserved-but-unallocated share of the allocated peak (fragmentation)."""
     margin_bytes: int = 0
     """A phase with less than this left of C is ``tight``, not ``fits`` (``--margin``)."""
+
+    @property
+    def entropy_mode(self) -> str:
+        """How the actor's entropy runs: ``fused`` (inside use_fused_kernels' head), ``compiled`` (torch.compile
+        wraps the chunked and the checkpointed forms too), ``checkpointed``, ``chunked`` or ``eager``."""
+        if self.fused_kernels:
+            return "fused"
+        if self.entropy_compiled:
+            return "compiled"
+        if self.entropy_checkpointing:
+            return "checkpointed"
+        if self.entropy_chunking and (self.remove_padding or self.profile == "engine"):  # legacy: rmpad path only
+            return "chunked"
+        return "eager"
+
+    @property
+    def temperature_copy(self) -> bool:
+        """The engine divides the logits by a temperature ≠ 1 into a second T×V tensor."""
+        return self.profile == "engine" and self.temperature != 1.0
 
     @property
     def fsdp_world(self) -> int:
@@ -149,6 +179,8 @@ class MemorySettings:
             fused_kernels=g(f"{MODEL}.use_fused_kernels"),
             update_entropy=bool(g(f"{ACTOR}.calculate_entropy") or g(f"{ACTOR}.entropy_coeff") != 0),
             entropy_compiled=_flag(cfg, f"{ACTOR}.use_torch_compile", True),
+            entropy_checkpointing=bool(g(f"{ACTOR}.entropy_checkpointing")),
+            temperature=float(g(f"{ROLLOUT}.temperature")),
             need_ref=cfg.need_reference_policy,
             need_critic=cfg.need_critic,
         )

@@ -74,28 +74,58 @@ TERMS: dict[str, Term] = {
         "a row of logits for every token fed (prompt and padding included on the padded path)",
     ),
     "log_softmax": Term(
-        "T·V·(4·[b<4] + 4) for a full log-softmax; 0 with verl's logprobs_from_logits (fused CE or row by row)",
+        "T·V·(4·[b<4] + 4) for labkit's CPU head (a full log-softmax); 0 with verl's logprobs_from_logits",
         (f"{M}.use_fused_kernels",),
         "the fp32 upcast and the fp32 log-softmax of a naive head",
     ),
+    "log_softmax_rows": Term(
+        "4·T·V under grad without flash_attn (--head torch)",
+        (f"{M}.use_fused_kernels",),
+        "verl's torch fallback head (logprobs_from_logits_v2): each token row's fp32 log-softmax, saved for backward",
+    ),
+    "temperature_copy": Term(
+        "T·V·b when rollout.temperature ≠ 1 (engine; legacy divides in place)",
+        (f"{RO}.temperature",),
+        "the logits divided by the temperature into a copy while the model's output still holds them",
+    ),
+    "fused_chunk": Term(
+        "forward min(T, 512)·V·(4·[b<4] + 8); backward min(T, 512)·V·(b + 4·[b<4] + 18, or 20 with the entropy)",
+        (f"{M}.use_fused_kernels",),
+        "one 512-token chunk of verl's fused log-prob and entropy (FusedLinearForPPO): recomputed logits, fp32 "
+        "softmax, products",
+    ),
+    "hidden_grad": Term(
+        "T·H·b (use_fused_kernels)", (f"{M}.use_fused_kernels",), "the fused head's gradient of the hidden states"
+    ),
     "entropy": Term(
-        "compiled (default) 2·T·V·b; eager (use_torch_compile=false) 8·T·V under bf16 autocast; chunked "
-        "min(T, chunk)·V·(4·[b<4] + 8)",
+        "compiled (default) 16·T; eager (use_torch_compile=false) or checkpointed 8·T·V under bf16 autocast; chunked "
+        "min(T, chunk)·V·(4·[b<4] + 8); fused 0",
         (
             f"{A}.entropy_from_logits_with_chunking",
             f"{A}.entropy_from_logits_chunk_size",
+            f"{A}.entropy_checkpointing",
             f"{A}.entropy_coeff",
             f"{A}.use_torch_compile",
         ),
-        "softmax and p·z temporaries of the entropy (old_log_prob always, the update when entropy_coeff ≠ 0)",
+        "the entropy's forward tensors beyond the logits (old_log_prob always, the update when entropy_coeff ≠ 0)",
+    ),
+    "entropy_saved": Term(
+        "8·T·V (eager, checkpointed's recompute, chunked: every chunk)",
+        (f"{A}.use_torch_compile", f"{A}.entropy_checkpointing"),
+        "the update's entropy backward: the fp32 copy of the logits and the fp32 softmax it saved",
+    ),
+    "entropy_backward": Term(
+        "16·T·V (eager, checkpointed); 16·min(T, chunk)·V (chunked)",
+        (f"{A}.entropy_from_logits_with_chunking", f"{A}.entropy_from_logits_chunk_size"),
+        "fp32 temporaries of the softmax and logsumexp backward: a product, a difference, an exp, a product",
     ),
     "logits_grad": Term(
-        "full log-softmax T·V·(4 + 4 + b·[b<4]); verl's 0 (in place), T·V·b when the entropy is computed",
+        "T·V·b (entropy's gradient; compiled: 2·T·V·b with the sum); CPU head T·V·(4 + 4 + b·[b<4]); value head T·b",
         (f"{A}.entropy_coeff",),
         "the backward of the log-prob head",
     ),
     "lm_head_grad": Term(
-        "V·H·b in the update's head backward (verl's logprobs_from_logits)",
+        "V·H·b in the update's head backward",
         (f"{A}.ppo_micro_batch_size_per_gpu",),
         "the LM head's (tied: the embedding's) unsharded weight gradient before FSDP reduce-scatters it",
     ),

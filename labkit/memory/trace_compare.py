@@ -41,20 +41,32 @@ def transient_terms(p: Phase, instant: str | None = None) -> dict[str, int]:
     return {k: v for k, v in live.items() if k not in NOT_TRACED and v}
 
 
-def trace_spec(s: MemorySettings, name: str, p: Phase, entropy_compiled: bool = True) -> dict[str, Any]:
-    """What to trace for phase ``name``: its largest micro-batch as packed sequences, and the pass's flags."""
+def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
+    """What to trace for phase ``name``: its largest micro-batch as packed sequences, and the head as the settings
+    run it (entropy mode, head kernel, fused kernels, temperature)."""
     tokens, rows = int(p.info["tokens"]), max(1, int(p.info.get("rows") or 1))
     width = max(1, tokens // rows)
     seqs = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
     update = name.startswith("update")
     wants_entropy = name == "old_log_prob" or (update and s.update_entropy)
+    mode = s.entropy_mode
+    if not wants_entropy:
+        entropy = "none"
+    elif mode == "fused":
+        entropy = "eager"  # the fused kernel computes it from its chunks
+    else:
+        entropy = "eager" if mode == "checkpointed" and not update else mode
     return {
         "model": s.model,
         "seq_lengths": seqs,
         "update": update,
-        "entropy": ("compiled" if entropy_compiled else "eager") if wants_entropy else "none",
+        "entropy": entropy,
         "checkpointing": bool(s.gradient_checkpointing),
-        "head": "flash_attn",
+        "head": "torch" if s.logprob_kernel == "torch" else "flash_attn",
+        "fused": s.fused_kernels,
+        "entropy_chunk": s.entropy_chunk_size,
+        "temperature": s.temperature,
+        "temperature_copy": s.temperature_copy,
     }
 
 
@@ -63,7 +75,7 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
     formula = transient_terms(p)
     total = sum(formula.values())
     traced = int(result["peak_bytes"])
-    flags = ", ".join(f"{k}={spec[k]}" for k in ("update", "entropy", "checkpointing", "head"))
+    flags = ", ".join(f"{k}={spec[k]}" for k in ("update", "entropy", "checkpointing", "head", "fused", "temperature"))
     lines = [
         f"trace of {name} ({s.model.name}, {sum(spec['seq_lengths']):,} tokens packed in "
         f"{len(spec['seq_lengths'])} sequences; {flags}; fake CUDA, bf16 autocast):",

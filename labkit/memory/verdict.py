@@ -15,6 +15,7 @@ from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import PASS_KEYS, config_shape, step_phases, trace_phases
 from labkit.trace import StepTrace
+from labkit.validate.report import check
 
 GiB = 2**30
 
@@ -29,6 +30,8 @@ class MemoryReport:
     fixes: list[dict[str, Any]]
     lengths: str = "every row at full width (prompt_length + response_length)"
     """The length assumption the verdict rests on."""
+    verl_error: str | None = None
+    """The code of the error verl raises for the config itself (None: it accepts it); each fix has its own."""
 
     def state(self, name: str) -> tuple[str, int]:
         """``("fits" | "tight" | "OOM", bytes left)`` of one phase (``labkit.memory.headroom.state``)."""
@@ -52,6 +55,7 @@ class MemoryReport:
             "capacity_bytes": self.settings.gpu_bytes,
             "margin_bytes": self.settings.margin_bytes,
             "lengths": self.lengths,
+            "verl_error": self.verl_error,
         }
         if details:
             out.update(model=self.settings.model.name, gpu_bytes=self.settings.gpu_bytes, profile=self.settings.profile)
@@ -207,6 +211,13 @@ def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig
     return new_cfg, new_s, text
 
 
+def verl_error(cfg: VerlConfig) -> str | None:
+    """The code of the first error verl raises for ``cfg`` (``labkit check``'s verdict), None when it accepts: a fix
+    that verl refuses is no fix."""
+    first = check(cfg).first_error
+    return None if first is None else first.code
+
+
 def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate) -> list[dict[str, Any]]:
     """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost."""
     out = []
@@ -221,12 +232,12 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
             setting = text or ", ".join(
                 f"{knob}={str(v).lower() if isinstance(v, bool) else v}" for v in change.values()
             )
-            best = (setting, phases, fits, new_s)
+            best = (setting, phases, fits, new_s, new_cfg)
             if fits:
                 break
         if best is None:
             continue
-        setting, phases, fits, new_s = best
+        setting, phases, fits, new_s, new_cfg = best
         if not fits and phases[phase].peak_bytes >= evaluate(cfg, s)[phase].peak_bytes:
             continue  # this knob does not move this phase
         out.append(
@@ -238,6 +249,7 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
                 "fits": fits,
                 "step_fits": not any(_short(new_s, p) for p in phases.values()),
                 "cost": cost,
+                "verl_error": verl_error(new_cfg),
             }
         )
     out.sort(key=lambda f: (not f["fits"], not f["step_fits"], f["new_peak_bytes"]))
@@ -274,4 +286,4 @@ def memory_report(
         else f"lengths {label or (lengths if isinstance(lengths, str) else f'given ({len(lengths):,} samples)')}: "
         "the largest micro-batch on any GPU (worst case), the median one (typical case)"
     )
-    return MemoryReport(s, phases, first_oom(s, phases), fixes, how)
+    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, verl_error(cfg))

@@ -43,7 +43,8 @@ def transient_bytes(p: Phase) -> int:
 
 
 def tiny_settings(shape: ModelShape, **over: Any) -> MemorySettings:
-    """One fp32 process, a plain module (no FSDP: no gathered copies), sdpa, the PyTorch log-softmax."""
+    """One fp32 process, a plain module (no FSDP: no gathered copies), sdpa, the PyTorch log-softmax, no autocast,
+    an eager entropy."""
     base = dict(
         model=shape,
         gpu_bytes=2**40,
@@ -59,6 +60,8 @@ def tiny_settings(shape: ModelShape, **over: Any) -> MemorySettings:
         attention="sdpa",
         logprob_kernel="full_log_softmax",
         fsdp=False,
+        autocast=False,
+        entropy_compiled=False,
     )
     return MemorySettings(**{**base, **over})
 

@@ -25,12 +25,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.memory.shapes import ModelShape, model_shape
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 STAND_INS = ("flash_attn cross-entropy (O(T) outputs)", "compiled entropy (fused: (T, 1) statistics)")
+ENTROPY_MODES = ("none", "eager", "compiled", "chunked", "checkpointed")
+FUSED_CHUNK = 512  # verl's FusedLinearForPPO: tokens per chunk
 
 
 @dataclass
@@ -155,6 +158,75 @@ def _entropy_eager(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
 
 
+def _entropy_chunked(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """verl's ``entropy_from_logits_with_chunking``: an fp32 copy, softmax and product of ``chunk`` rows at a time,
+    written into a (T,) fp32 result."""
+    out = torch.zeros(logits.shape[0], device=logits.device)
+    for start in range(0, logits.shape[0], chunk):
+        z = logits[start : start + chunk].float()
+        pd = torch.nn.functional.softmax(z, dim=-1)
+        out[start : start + chunk] = torch.logsumexp(z, dim=-1) - torch.sum(pd * z, dim=-1)
+    return out
+
+
+def _logprobs_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """verl's torch fallback head for bf16 logits (``logprobs_from_logits_v2``, no flash_attn): a log-softmax per
+    token row, the taken token gathered, the rows stacked (under grad each row's fp32 log-softmax is saved)."""
+    rows = [
+        torch.log_softmax(row, dim=-1).gather(-1, label.unsqueeze(-1)).squeeze(-1) for row, label in zip(logits, labels)
+    ]
+    return torch.stack(rows)
+
+
+def _fused_chunk_forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float):
+    """One chunk of verl's fused log-prob (``FusedLinearForPPO``, torch backend): the chunk's logits from the hidden
+    states, fp32 softmax, entropy and log-softmax, nothing of the other chunks."""
+    z = ((hidden @ weight.t()) / temperature).float()
+    pd = z.softmax(dim=-1)
+    ent = torch.logsumexp(z, dim=-1) - torch.sum(pd * z, dim=-1)
+    logp = z.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return logp, ent.to(hidden.dtype)
+
+
+class _FusedLinearPPO(torch.autograd.Function):
+    """verl's ``use_fused_kernels`` head: log-probs and entropy from the last hidden states ``chunk`` tokens at a
+    time; backward recomputes each chunk's logits and accumulates the hidden-state and LM-head gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Any, weight: Any, labels: Any, temperature: float, chunk: int) -> Any:
+        ctx.set_materialize_grads(False)  # an unused entropy brings no gradient (verl's kernel does the same)
+        tokens = hidden.shape[0]
+        logp = hidden.new_zeros(tokens, dtype=torch.float32)
+        ent = hidden.new_zeros(tokens)
+        for start in range(0, tokens, chunk):
+            end = min(start + chunk, tokens)
+            logp[start:end], ent[start:end] = _fused_chunk_forward(
+                hidden[start:end], weight, labels[start:end], temperature
+            )
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, dlogp: Any, dent: Any) -> Any:
+        hidden, weight, labels = ctx.saved_tensors
+        t, dh, dw = ctx.temperature, torch.zeros_like(hidden), torch.zeros_like(weight)
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            end = min(start + ctx.chunk, hidden.shape[0])
+            z = (hidden[start:end] @ weight.t()) / t
+            zf = z.float()
+            pd = zf.softmax(dim=-1)
+            onehot = torch.zeros_like(zf).scatter_(-1, labels[start:end].unsqueeze(-1), 1)
+            grad = dlogp[start:end].float().unsqueeze(-1) * (onehot - pd)
+            if dent is not None:
+                ent = torch.logsumexp(zf, dim=-1) - torch.sum(pd * zf, dim=-1)
+                grad = grad + pd * (zf.log_softmax(dim=-1) + ent.unsqueeze(-1)) * (-dent[start:end].unsqueeze(-1))
+            grad = grad.to(z.dtype) / t
+            dh[start:end] += grad @ weight
+            dw += grad.t() @ hidden[start:end]
+        return dh, dw, None, None, None
+
+
 class _CompiledEntropy(torch.autograd.Function):
     """Stand-in for inductor's fused entropy: three (T, 1) fp32 statistics and the (T,) result, nothing T × V."""
 
@@ -193,10 +265,18 @@ def trace_pass(
     temperature: float = 1.0,
     head: str = "flash_attn",
     device: str = "cuda",
+    fused: bool = False,
+    entropy_chunk: int = 2048,
+    temperature_copy: bool = False,
 ) -> TraceResult:
     """Trace one packed micro-batch of ``seq_lengths`` through ``shape``: forward under no_grad (a log-prob pass)
-    or forward + backward (``update``); ``entropy`` none | eager | compiled; ``head`` flash_attn (the Triton
-    cross-entropy, stand-in) or torch (verl's fallback: log_softmax and gather)."""
+    or forward + backward (``update``); ``entropy`` none | eager | compiled | chunked (``entropy_chunk`` rows at a
+    time) | checkpointed (eager under ``torch.utils.checkpoint``); ``head`` flash_attn (the Triton cross-entropy,
+    stand-in) or torch (verl's fallback, a log-softmax per token row); ``fused`` verl's fused log-prob kernel (torch
+    backend) from the hidden states instead of logits; ``temperature_copy``: the engine divides into a copy while the
+    model's output still holds the logits (legacy divides in place)."""
+    if entropy not in ENTROPY_MODES or head not in ("flash_attn", "torch"):
+        raise ValueError(f"entropy must be one of {ENTROPY_MODES} and head flash_attn or torch")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AttentionInterface, AutoModelForCausalLM
 
@@ -234,33 +314,54 @@ def trace_pass(
         for t in [*model.parameters(), *model.buffers(), ids, pos, _CU["cu"]]:  # alive before: not the pass's
             tracker.before.add(t.untyped_storage()._cdata)
         with tracker, torch.set_grad_enabled(update), torch.autocast(device, torch.bfloat16):
-            _run(model, ids, pos, update, entropy, temperature, head, tracker)
+            head_spec = {
+                "entropy": entropy,
+                "temperature": temperature,
+                "head": head,
+                "fused": fused,
+                "entropy_chunk": entropy_chunk,
+                "temperature_copy": temperature_copy,
+            }
+            _run(model, ids, pos, update, head_spec, tracker)
     return TraceResult(tracker.peak, tracker.peak_op, tracker.peak_module, tracker.peak_alive, weights, tracker.ops)
 
 
-def _run(
-    model: Any, ids: Any, pos: Any, update: bool, entropy: str, temperature: float, head: str, tr: _Tracker
-) -> None:
+def _run(model: Any, ids: Any, pos: Any, update: bool, spec: dict[str, Any], tr: _Tracker) -> None:
+    """The decoder, then verl's head as ``spec`` says (entropy mode, temperature, head kernel, fused), then backward
+    of a loss on the log-probs (and the entropy) for an update."""
+    entropy, temperature, labels = spec["entropy"], spec["temperature"], ids[0]
     tr.module = "decoder"
-    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits.squeeze(0)  # verl: rmpad squeeze
-    tr.module = "head"
-    if temperature != 1.0:
-        logits = logits.div(temperature)
-    labels = ids[0]
-    if head == "flash_attn":
-        logp = -_FlashCrossEntropy.apply(logits, labels)
-    else:  # verl's logprobs_from_logits_v2 without flash_attn: log_softmax rows, gather the taken token
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if entropy == "eager":
+    if spec["fused"]:
+        hidden = model.model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state.squeeze(0)
+        tr.module = "head"
+        logp, ent = _FusedLinearPPO.apply(hidden, model.lm_head.weight, labels, temperature, FUSED_CHUNK)
+        ent = None if entropy == "none" else ent
+        del hidden
+    else:
+        output = model(input_ids=ids, position_ids=pos, use_cache=False)
+        logits = output.logits.squeeze(0)  # verl: rmpad squeeze
+        tr.module = "head"
+        if temperature != 1.0 and spec["temperature_copy"]:  # the engine: a copy (none at 1), the output kept
+            logits = logits / temperature
+        elif temperature != 1.0:  # legacy: in place
+            logits.div_(temperature)
         tr.module = "entropy"
-        ent = _entropy_eager(logits)
-    elif entropy == "compiled":
-        tr.module = "entropy"
-        ent = _CompiledEntropy.apply(logits)
+        ent = {
+            "none": lambda z: None,
+            "eager": _entropy_eager,
+            "compiled": _CompiledEntropy.apply,
+            "chunked": lambda z: _entropy_chunked(z, spec["entropy_chunk"]),
+            "checkpointed": lambda z: torch.utils.checkpoint.checkpoint(_entropy_eager, z, use_reentrant=False),
+        }[entropy](logits)
+        tr.module = "head"
+        if spec["head"] == "flash_attn":
+            logp = -_FlashCrossEntropy.apply(logits, labels)
+        else:
+            logp = _logprobs_rows(logits, labels)
+        del logits, output  # the pass returns: the model's output goes before backward
     if update:
         loss = -logp.float().mean() + (0 if ent is None else -0.01 * ent.float().mean())
-        del logits, logp, ent
+        del logp, ent
         tr.module = "backward"
         loss.backward()
 

@@ -72,11 +72,11 @@ LIVE_MEMORY_PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
 
 def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
     """The memory model of labkit's CPU ranks: the tiny shape in fp32, FSDP2 over W ranks (one layer gathered at a
-    time), sdpa's dense mask, the PyTorch log-softmax, a reference always built; generate runs the rollout engine
+    time), sdpa's dense mask, the PyTorch log-softmax, no autocast and an eager entropy, a reference always built; generate runs the rollout engine
     (its plan: ``labkit.plan.rollout_engine``), so only the FSDP phases are predicted."""
     return MemorySettings.from_config(
         cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
-        gathered_layers=1, need_ref=True, need_critic=False,
+        gathered_layers=1, need_ref=True, need_critic=False, autocast=False, entropy_compiled=False,
     )  # fmt: skip
 
 
