@@ -65,8 +65,9 @@ class CatalogueEntry:
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, CatalogueEntry]:
-    """All entries by code, in the file's order."""
-    raw = yaml.safe_load(CATALOGUE_FILE.read_text())
+    """All entries by code, in the file's order (read with libyaml's loader where PyYAML has it: 10x faster, and the
+    first answer that names a code pays for it)."""
+    raw = yaml.load(CATALOGUE_FILE.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     out = {}
     for code, body in raw["codes"].items():
         entry = CatalogueEntry(code=code, **{**body, "also": tuple(body.get("also") or ())})
