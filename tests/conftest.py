@@ -26,10 +26,14 @@ multiprocessing.util.Finalize(
 )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip on machines without CUDA, and say so. For pytest-xdist's ``--dist loadgroup`` (``make
-    test``), every test file is one group, so its module fixtures (a vLLM group, a Ray cluster) start once; each
-    notebook run is a group of its own, so the notebooks spread over both workers."""
+    test``), every test file is one group, so its module fixtures (a vLLM group, a Ray cluster, the browser's lab)
+    start once; each notebook run is a group of its own, so the notebooks spread over both workers. ``tryfirst``: xdist's
+    worker reads the marks in its own hook of this name, after this one. (Under pytest 9 xdist 3.8 could not rename
+    the node ids at all: every test was a unit of its own and a file's module fixtures started on both workers;
+    pyproject pins pytest 8.)"""
     for item in items:
         group = item.nodeid.split("::", 1)[0]
         if item.get_closest_marker("notebook") and getattr(item, "callspec", None) is not None:

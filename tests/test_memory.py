@@ -65,7 +65,9 @@ def test_more_rows_or_tokens_never_predict_less_offload_and_checkpointing_never_
         model = rng.choice(model_names())
         flags = {k: rng.random() < 0.5 for k in ("param_offload", "optimizer_offload", "gradient_checkpointing")}
         _, s = _settings([f"trainer.n_gpus_per_node={rng.choice([1, 2, 8])}"], model=model, **flags)
-        s = replace(s, update_entropy=rng.random() < 0.5, logprob_kernel=rng.choice(["full_log_softmax", "verl"]))
+        s = replace(
+            s, update_entropy=rng.random() < 0.5, logprob_kernel=rng.choice(["full_log_softmax", "flash_attn", "torch"])
+        )
         rows, tokens = rng.randint(1, 16), rng.randint(1, 40000)
         for name in ("old_log_prob", "ref_log_prob", "update_actor"):
             fn = update_pass if name.startswith("update") else forward_pass

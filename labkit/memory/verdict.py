@@ -14,6 +14,7 @@ from labkit.memory.headroom import state
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import PASS_KEYS, config_shape, step_phases, trace_phases
+from labkit.rules.catalogue import catalogue
 from labkit.trace import StepTrace
 from labkit.validate.report import check
 
@@ -209,6 +210,9 @@ def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig
         f"~{k}" if v is None else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()
     )
     return new_cfg, new_s, text
+
+
+catalogue()  # every fix is checked against verl's rules, whose messages come from the catalogue: read it once, here
 
 
 def verl_error(cfg: VerlConfig) -> str | None:
