@@ -14,7 +14,8 @@ from labkit.model.trace_runner import run_traces
 
 # (model, tokens, pass, settings changes): tied (0.5B, Qwen3-0.6B) and untied (7B, Llama-3.1-8B) embeddings, GQA
 # ratios 7:1 to 2:1, 2k-64k tokens; every head flag: entropy eager / compiled / chunked / checkpointed / fused,
-# flash_attn's head and verl's torch fallback, temperature ≠ 1 (the engine's copy, legacy's in place), checkpointing
+# flash_attn's head and verl's torch fallback, temperature ≠ 1 (the engine's copy, legacy's in place), checkpointing,
+# Ulysses SP (tokens per rank)
 EAGER = {"entropy_compiled": False}
 GRID = [
     ("Qwen2.5-0.5B", 4096, "ref_log_prob", {}),
@@ -39,6 +40,9 @@ GRID = [
     ("Qwen2.5-0.5B", 4096, "update_actor", {"fused_kernels": True, "update_entropy": True}),
     ("Qwen2.5-0.5B", 2048, "update_actor", {"logprob_kernel": "torch"}),
     ("Qwen3-0.6B", 2048, "old_log_prob", {"logprob_kernel": "torch"}),
+    # Ulysses SP: the trace feeds one rank's slice of the group's micro-batch, with verl's all-to-alls in attention
+    ("Qwen2.5-7B", 4096, "update_actor", {"actor_sp": 4, "gradient_checkpointing": False}),
+    ("Qwen3-0.6B", 8192, "old_log_prob", {**EAGER, "actor_sp": 2}),
 ]
 
 
@@ -59,7 +63,7 @@ def traced():
 def test_formula_within_10_percent_of_the_trace(traced, case):
     s, name, phase = _case(case)
     spec = trace_spec(s, name, phase)
-    assert sum(spec["seq_lengths"]) == GRID[case][1] and len(spec["seq_lengths"]) == 2
+    assert sum(spec["seq_lengths"]) == GRID[case][1] * s.actor_sp and len(spec["seq_lengths"]) == 2
     formula = sum(transient_terms(phase).values())
     trace = traced[case]["peak_bytes"]
     detail = (
@@ -85,3 +89,12 @@ def test_op_granularity_on_fake_cuda_is_fake_cpus():
     }
     assert cuda["ops"]["silu_backward"] == 24  # one per layer, not its composite
     assert "sigmoid" not in cuda["ops"]
+
+
+def test_a_ulysses_rank_holds_its_slice_and_all_to_alls():
+    """SP = 2: the rank's logits hold half the group's tokens, and attention's all-to-alls ran (each layer gathers
+    q, k, v and scatters the output back: a concatenation per all-to-all)."""
+    one, two = run_traces([{"model": "Qwen2.5-0.5B", "seq_lengths": [2048, 2048], "sp": sp} for sp in (1, 2)])
+    logits = [a for a in two["alive"] if a["shape"][-1] == 151936]
+    assert logits and logits[0]["shape"][0] == 2048
+    assert two["ops"].get("cat", 0) >= 4 * 24 > one["ops"].get("cat", 0)

@@ -42,9 +42,11 @@ def transient_terms(p: Phase, instant: str | None = None) -> dict[str, int]:
 
 
 def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
-    """What to trace for phase ``name``: its largest micro-batch as packed sequences, and the head as the settings
-    run it (entropy mode, head kernel, fused kernels, temperature)."""
-    tokens, rows = int(p.info["tokens"]), max(1, int(p.info.get("rows") or 1))
+    """What to trace for phase ``name``: its largest micro-batch as packed sequences (the whole SP group's: the trace
+    feeds one rank's slice), and the head as the settings run it (entropy mode, head kernel, fused kernels,
+    temperature)."""
+    sp = max(1, s.critic_sp if name in ("values", "update_critic") else s.actor_sp)
+    tokens, rows = int(p.info["tokens"]) * sp, max(1, int(p.info.get("rows") or 1))  # the SP group's micro-batch
     width = max(1, tokens // rows)
     seqs = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
     update = name.startswith("update")
@@ -67,6 +69,7 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
         "entropy_chunk": s.entropy_chunk_size,
         "temperature": s.temperature,
         "temperature_copy": s.temperature_copy,
+        "sp": sp,
     }
 
 
@@ -78,7 +81,8 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
     flags = ", ".join(f"{k}={spec[k]}" for k in ("update", "entropy", "checkpointing", "head", "fused", "temperature"))
     lines = [
         f"trace of {name} ({s.model.name}, {sum(spec['seq_lengths']):,} tokens packed in "
-        f"{len(spec['seq_lengths'])} sequences; {flags}; fake CUDA, bf16 autocast):",
+        f"{len(spec['seq_lengths'])} sequences, 1/{spec['sp']} of them on this rank; {flags}; fake CUDA, bf16 "
+        "autocast):",
         f"  traced peak above the weights: {traced / GiB:,.2f} GiB at {result['op']} in {result['module']}",
         f"  formula at {p.peak_instant}: {total / GiB:,.2f} GiB of pass tensors ("
         + ", ".join(f"{k} {v / GiB:,.2f}" for k, v in formula.items())

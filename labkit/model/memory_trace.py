@@ -25,15 +25,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.memory.shapes import ModelShape, model_shape
+from labkit.model.trace_attention import CU, varlen_attention
+from labkit.model.trace_heads import (
+    FUSED_CHUNK,
+    FlashCrossEntropy,
+    FusedLinearPPO,
+    entropy_of,
+    logprobs_rows,
+)
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 STAND_INS = ("flash_attn cross-entropy (O(T) outputs)", "compiled entropy (fused: (T, 1) statistics)")
 ENTROPY_MODES = ("none", "eager", "compiled", "chunked", "checkpointed")
-FUSED_CHUNK = 512  # verl's FusedLinearForPPO: tokens per chunk
 
 
 @dataclass
@@ -120,7 +126,6 @@ def _hf_config(shape: ModelShape) -> Any:
     )
 
 
-_CU: dict[str, Any] = {}
 GPU_NATIVE = ("silu_backward", "logsumexp")
 """Ops with a native CUDA kernel that a CPU build sends to a composite fallback on fake ``cuda`` tensors (more ops,
 more temporaries than a GPU makes): a never-called CUDA kernel restores the GPU's granularity."""
@@ -141,121 +146,6 @@ def _gpu_granularity() -> None:
     _LIB.append(lib)
 
 
-def _varlen_attention(
-    module: Any, q: Any, k: Any, v: Any, mask: Any, scaling: Any = None, dropout: float = 0.0, **kw: Any
-) -> Any:
-    """HF attention through FA2's varlen kernel on the packed row ((1, h, T, d) -> (1, T, h, d)); verl's path on
-    GPUs with ``use_remove_padding``."""
-    qq, kk, vv = (x.transpose(1, 2)[0] for x in (q, k, v))
-    cu, longest = _CU["cu"], _CU["max"]
-    out = torch.ops.aten._flash_attention_forward(qq, kk, vv, cu, cu, longest, longest, 0.0, True, False, scale=scaling)
-    return out[0].unsqueeze(0), None
-
-
-def _entropy_eager(logits: torch.Tensor) -> torch.Tensor:
-    """verl's ``entropy_from_logits``: softmax, logsumexp, minus the expected logit (under autocast: fp32)."""
-    pd = torch.nn.functional.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
-
-
-def _entropy_chunked(logits: torch.Tensor, chunk: int) -> torch.Tensor:
-    """verl's ``entropy_from_logits_with_chunking``: an fp32 copy, softmax and product of ``chunk`` rows at a time,
-    written into a (T,) fp32 result."""
-    out = torch.zeros(logits.shape[0], device=logits.device)
-    for start in range(0, logits.shape[0], chunk):
-        z = logits[start : start + chunk].float()
-        pd = torch.nn.functional.softmax(z, dim=-1)
-        out[start : start + chunk] = torch.logsumexp(z, dim=-1) - torch.sum(pd * z, dim=-1)
-    return out
-
-
-def _logprobs_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """verl's torch fallback head for bf16 logits (``logprobs_from_logits_v2``, no flash_attn): a log-softmax per
-    token row, the taken token gathered, the rows stacked (under grad each row's fp32 log-softmax is saved)."""
-    rows = [
-        torch.log_softmax(row, dim=-1).gather(-1, label.unsqueeze(-1)).squeeze(-1) for row, label in zip(logits, labels)
-    ]
-    return torch.stack(rows)
-
-
-def _fused_chunk_forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float):
-    """One chunk of verl's fused log-prob (``FusedLinearForPPO``, torch backend): the chunk's logits from the hidden
-    states, fp32 softmax, entropy and log-softmax, nothing of the other chunks."""
-    z = ((hidden @ weight.t()) / temperature).float()
-    pd = z.softmax(dim=-1)
-    ent = torch.logsumexp(z, dim=-1) - torch.sum(pd * z, dim=-1)
-    logp = z.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return logp, ent.to(hidden.dtype)
-
-
-class _FusedLinearPPO(torch.autograd.Function):
-    """verl's ``use_fused_kernels`` head: log-probs and entropy from the last hidden states ``chunk`` tokens at a
-    time; backward recomputes each chunk's logits and accumulates the hidden-state and LM-head gradients."""
-
-    @staticmethod
-    def forward(ctx: Any, hidden: Any, weight: Any, labels: Any, temperature: float, chunk: int) -> Any:
-        ctx.set_materialize_grads(False)  # an unused entropy brings no gradient (verl's kernel does the same)
-        tokens = hidden.shape[0]
-        logp = hidden.new_zeros(tokens, dtype=torch.float32)
-        ent = hidden.new_zeros(tokens)
-        for start in range(0, tokens, chunk):
-            end = min(start + chunk, tokens)
-            logp[start:end], ent[start:end] = _fused_chunk_forward(
-                hidden[start:end], weight, labels[start:end], temperature
-            )
-        ctx.save_for_backward(hidden, weight, labels)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        return logp, ent
-
-    @staticmethod
-    def backward(ctx: Any, dlogp: Any, dent: Any) -> Any:
-        hidden, weight, labels = ctx.saved_tensors
-        t, dh, dw = ctx.temperature, torch.zeros_like(hidden), torch.zeros_like(weight)
-        for start in range(0, hidden.shape[0], ctx.chunk):
-            end = min(start + ctx.chunk, hidden.shape[0])
-            z = (hidden[start:end] @ weight.t()) / t
-            zf = z.float()
-            pd = zf.softmax(dim=-1)
-            onehot = torch.zeros_like(zf).scatter_(-1, labels[start:end].unsqueeze(-1), 1)
-            grad = dlogp[start:end].float().unsqueeze(-1) * (onehot - pd)
-            if dent is not None:
-                ent = torch.logsumexp(zf, dim=-1) - torch.sum(pd * zf, dim=-1)
-                grad = grad + pd * (zf.log_softmax(dim=-1) + ent.unsqueeze(-1)) * (-dent[start:end].unsqueeze(-1))
-            grad = grad.to(z.dtype) / t
-            dh[start:end] += grad @ weight
-            dw += grad.t() @ hidden[start:end]
-        return dh, dw, None, None, None
-
-
-class _CompiledEntropy(torch.autograd.Function):
-    """Stand-in for inductor's fused entropy: three (T, 1) fp32 statistics and the (T,) result, nothing T × V."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor) -> torch.Tensor:
-        stats = [logits.new_empty((logits.shape[0], 1), dtype=torch.float32) for _ in range(3)]
-        ctx.save_for_backward(logits, *stats)
-        return logits.new_empty(logits.shape[0], dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(ctx.saved_tensors[0])
-
-
-class _FlashCrossEntropy(torch.autograd.Function):
-    """Stand-in for flash_attn's Triton cross-entropy (verl's ``logprobs_from_logits`` on GPUs): O(T) outputs; the
-    backward writes the logits' gradient into the logits (``inplace_backward=True``)."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
-        ctx.save_for_backward(logits, lse)
-        return logits.new_empty(logits.shape[0], dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.saved_tensors[0], None  # inplace_backward=True, as verl calls it: the grad overwrites the logits
-
-
 def trace_pass(
     shape: ModelShape,
     seq_lengths: list[int],
@@ -268,19 +158,26 @@ def trace_pass(
     fused: bool = False,
     entropy_chunk: int = 2048,
     temperature_copy: bool = False,
+    sp: int = 1,
 ) -> TraceResult:
     """Trace one packed micro-batch of ``seq_lengths`` through ``shape``: forward under no_grad (a log-prob pass)
     or forward + backward (``update``); ``entropy`` none | eager | compiled | chunked (``entropy_chunk`` rows at a
     time) | checkpointed (eager under ``torch.utils.checkpoint``); ``head`` flash_attn (the Triton cross-entropy,
     stand-in) or torch (verl's fallback, a log-softmax per token row); ``fused`` verl's fused log-prob kernel (torch
     backend) from the hidden states instead of logits; ``temperature_copy``: the engine divides into a copy while the
-    model's output still holds the logits (legacy divides in place)."""
+    model's output still holds the logits (legacy divides in place); ``sp``: Ulysses SP, ``seq_lengths`` being the
+    whole SP group's micro-batch, of which this rank feeds its 1/SP slice (padded to a multiple of SP, as verl
+    pads)."""
     if entropy not in ENTROPY_MODES or head not in ("flash_attn", "torch"):
         raise ValueError(f"entropy must be one of {ENTROPY_MODES} and head flash_attn or torch")
+    if sp < 1 or shape.num_attention_heads % sp:
+        raise ValueError(
+            f"Ulysses SP {sp} must divide the {shape.num_attention_heads} attention heads (verl asserts it)"
+        )
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AttentionInterface, AutoModelForCausalLM
 
-    AttentionInterface.register("labkit_varlen", _varlen_attention)
+    AttentionInterface.register("labkit_varlen", varlen_attention)
     if device == "cuda":
         _gpu_granularity()
     cfg = _hf_config(shape)
@@ -307,11 +204,14 @@ def trace_pass(
         cuts = [0]
         for n in seq_lengths:
             cuts.append(cuts[-1] + n)
-        _CU.update(cu=torch.tensor(cuts, dtype=torch.int32, device=device), max=max(seq_lengths))
-        ids = torch.zeros(1, total, dtype=torch.long, device=device)
-        pos = torch.cat([torch.arange(n, device=device) for n in seq_lengths]).unsqueeze(0)
+        local = -(-total // sp)  # verl's ulysses_pad_and_slice_inputs: pad to a multiple of SP, one slice per rank
+        if local * sp > total:
+            cuts.append(local * sp)
+        CU.update(cu=torch.tensor(cuts, dtype=torch.int32, device=device), max=max(seq_lengths), sp=sp)
+        ids = torch.zeros(1, local, dtype=torch.long, device=device)
+        pos = torch.cat([torch.arange(n, device=device) for n in seq_lengths])[:local].unsqueeze(0)
         tracker = _Tracker()
-        for t in [*model.parameters(), *model.buffers(), ids, pos, _CU["cu"]]:  # alive before: not the pass's
+        for t in [*model.parameters(), *model.buffers(), ids, pos, CU["cu"]]:  # alive before: not the pass's
             tracker.before.add(t.untyped_storage()._cdata)
         with tracker, torch.set_grad_enabled(update), torch.autocast(device, torch.bfloat16):
             head_spec = {
@@ -334,7 +234,7 @@ def _run(model: Any, ids: Any, pos: Any, update: bool, spec: dict[str, Any], tr:
     if spec["fused"]:
         hidden = model.model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state.squeeze(0)
         tr.module = "head"
-        logp, ent = _FusedLinearPPO.apply(hidden, model.lm_head.weight, labels, temperature, FUSED_CHUNK)
+        logp, ent = FusedLinearPPO.apply(hidden, model.lm_head.weight, labels, temperature, FUSED_CHUNK)
         ent = None if entropy == "none" else ent
         del hidden
     else:
@@ -346,18 +246,12 @@ def _run(model: Any, ids: Any, pos: Any, update: bool, spec: dict[str, Any], tr:
         elif temperature != 1.0:  # legacy: in place
             logits.div_(temperature)
         tr.module = "entropy"
-        ent = {
-            "none": lambda z: None,
-            "eager": _entropy_eager,
-            "compiled": _CompiledEntropy.apply,
-            "chunked": lambda z: _entropy_chunked(z, spec["entropy_chunk"]),
-            "checkpointed": lambda z: torch.utils.checkpoint.checkpoint(_entropy_eager, z, use_reentrant=False),
-        }[entropy](logits)
+        ent = entropy_of(entropy, logits, spec["entropy_chunk"])
         tr.module = "head"
         if spec["head"] == "flash_attn":
-            logp = -_FlashCrossEntropy.apply(logits, labels)
+            logp = -FlashCrossEntropy.apply(logits, labels)
         else:
-            logp = _logprobs_rows(logits, labels)
+            logp = logprobs_rows(logits, labels)
         del logits, output  # the pass returns: the model's output goes before backward
     if update:
         loss = -logp.float().mean() + (0 if ent is None else -0.01 * ent.float().mean())
