@@ -93,5 +93,5 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
         lines.append(
             f"    {a['bytes'] / GiB:8.2f} GiB  {a['dtype'].removeprefix('torch.'):<9} {a['shape']}  from {a['op']}"
         )
-    lines.append(f"  stand-ins (no fake tensor runs them): {'; '.join(result['stand_ins'])}")
+    lines.append(f"  stand-ins (no fake tensor runs them): {'; '.join(result['stand_ins']) or 'none in this pass'}")
     return lines

@@ -38,7 +38,11 @@ from labkit.model.trace_heads import (
 )
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to 512 bytes
-STAND_INS = ("flash_attn cross-entropy (O(T) outputs)", "compiled entropy (fused: (T, 1) statistics)")
+STAND_INS = (
+    "flash_attn cross-entropy (O(T) outputs)",
+    "compiled entropy (fused: (T, 1) statistics)",
+    "torch fallback head (its per-row loop's bytes in all)",
+)
 ENTROPY_MODES = ("none", "eager", "compiled", "chunked", "checkpointed")
 
 
@@ -223,7 +227,15 @@ def trace_pass(
                 "temperature_copy": temperature_copy,
             }
             _run(model, ids, pos, update, head_spec, tracker)
-    return TraceResult(tracker.peak, tracker.peak_op, tracker.peak_module, tracker.peak_alive, weights, tracker.ops)
+    used = [
+        not fused and head == "flash_attn",
+        not fused and entropy == "compiled",
+        not fused and head == "torch",
+    ]
+    stand_ins = tuple(name for name, on in zip(STAND_INS, used) if on)
+    return TraceResult(
+        tracker.peak, tracker.peak_op, tracker.peak_module, tracker.peak_alive, weights, tracker.ops, stand_ins
+    )
 
 
 def _run(model: Any, ids: Any, pos: Any, update: bool, spec: dict[str, Any], tr: _Tracker) -> None:

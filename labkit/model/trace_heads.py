@@ -29,13 +29,33 @@ def entropy_chunked(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     return out
 
 
+class TorchRowsLogProb(torch.autograd.Function):
+    """Stand-in for verl's torch fallback head for bf16 logits (``logprobs_from_logits_v2``, no flash_attn): a
+    log-softmax per token row, the taken token gathered, the rows stacked. It allocates what the loop does in all:
+    under grad every row's fp32 log-softmax is saved (T × V × 4 bytes) and the backward stacks the rows' bf16
+    gradients (T × V); under no_grad one row at a time. (The loop itself on fake tensors costs a Python dispatch per
+    token: minutes at 16k tokens; traced as a loop at 2k tokens it held the same bytes.)"""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, keep: bool) -> torch.Tensor:
+        tokens, vocab = logits.shape
+        ctx.grad_dtype = logits.dtype
+        if keep:
+            ctx.save_for_backward(logits.new_empty((tokens, vocab), dtype=torch.float32))
+        else:  # one row's fp32 upcast and log-softmax at a time
+            logits.new_empty((2, vocab), dtype=torch.float32)
+        return logits.new_empty(tokens, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (saved,) = ctx.saved_tensors
+        return saved.new_empty(saved.shape, dtype=ctx.grad_dtype), None
+
+
 def logprobs_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """verl's torch fallback head for bf16 logits (``logprobs_from_logits_v2``, no flash_attn): a log-softmax per
-    token row, the taken token gathered, the rows stacked (under grad each row's fp32 log-softmax is saved)."""
-    rows = [
-        torch.log_softmax(row, dim=-1).gather(-1, label.unsqueeze(-1)).squeeze(-1) for row, label in zip(logits, labels)
-    ]
-    return torch.stack(rows)
+    """verl's torch fallback head (``TorchRowsLogProb``)."""
+    del labels
+    return TorchRowsLogProb.apply(logits, logits.requires_grad)
 
 
 def fused_chunk_forward(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float):
