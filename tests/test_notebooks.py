@@ -70,7 +70,8 @@ TIMEOUT_S = 600
 # the notebooks that start no process: pure arithmetic, widgets and figures (seconds each)
 ARITHMETIC = {"00_start_here", "01_four_layers", "03_micro_batches", "04_balance_batch", "10_loops_and_versions"}
 STRESS_RUNS = int(os.environ.get("LABKIT_STRESS_RUNS", "2"))
-RUN_BOUND_S = 120  # one run of an arithmetic notebook takes 4-35 s on 2 busy cores; a hang is cut here
+RUN_BOUND_S = 300  # one run of an arithmetic notebook: 4-8 s quiet, 35 s on 2 busy cores, kernel start-up up to
+# 180 s beside a second suite; a hang is cut here
 # jupyter_client picks a free TCP port, then the kernel binds it: another kernel starting on the machine in between
 # takes it first, and the kernel dies at start-up before running a cell. That start (nothing ran) is retried once.
 PORT_RACE = ("Address already in use", "Kernel died before replying to kernel_info")
@@ -138,7 +139,10 @@ def test_notebook_conventions(path):
 def _papermill(path: Path, out: Path, parameters: dict | None, bound_s: float = TIMEOUT_S) -> float:
     """``python -m papermill IN OUT [-p NAME VALUE ...]`` from the repository root within ``bound_s``; its exit code
     must be 0 (a kernel that lost the start-up port race, ``PORT_RACE``, is started once more)."""
+    # --start-timeout: a kernel importing labkit on cores shared with a second suite answered after more than
+    # papermill's default 60 s; a hang is still cut by bound_s
     args = [sys.executable, "-m", "papermill", str(path), str(out), "--no-progress-bar", "--log-level", "ERROR"]
+    args += ["--start-timeout", "180"]
     if parameters:
         args += ["-y", json.dumps(parameters)]  # JSON is YAML
     for attempt in (1, 2):
