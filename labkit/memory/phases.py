@@ -149,12 +149,13 @@ def _entropy_backward(s: MemorySettings, tokens: int) -> dict[str, int]:
     v, logit, mode = s.model.vocab_size, tokens * s.model.vocab_size * s.compute_bytes, s.entropy_mode
     if mode == "compiled":  # the kernel's logits gradient, the cross-entropy's (in the logits) and their sum
         return {"logits": logit, "logits_grad": 2 * logit}
-    saved = {"entropy_saved": 8 * tokens * v}  # the fp32 copy and the softmax, saved for backward
+    width = 4 if s.autocast else s.compute_bytes  # the entropy's tensors are fp32 under autocast
+    saved = {"entropy_saved": 2 * width * tokens * v}  # the fp32 copy and the softmax, saved for backward
     if mode == "chunked":  # every chunk's copy and softmax are saved; the backward runs a chunk at a time
         rows = min(tokens, s.entropy_chunk_size)
-        return {"logits": logit, **saved, "entropy_backward": 16 * rows * v, "logits_grad": logit}
+        return {"logits": logit, **saved, "entropy_backward": 4 * width * rows * v, "logits_grad": logit}
     kept = {"logits": logit} if mode == "checkpointed" else {}  # the checkpoint keeps its input for the recompute
-    return {**kept, **saved, "entropy_backward": 16 * tokens * v, "logits_grad": logit}
+    return {**kept, **saved, "entropy_backward": 4 * width * tokens * v, "logits_grad": logit}
 
 
 def _fused_backward_chunk(s: MemorySettings, tokens: int, entropy: bool) -> int:
