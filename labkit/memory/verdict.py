@@ -222,8 +222,11 @@ def verl_error(cfg: VerlConfig) -> str | None:
     return None if first is None else first.code
 
 
-def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate) -> list[dict[str, Any]]:
-    """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost."""
+def fixes_for(
+    cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate, base_error: str | None
+) -> list[dict[str, Any]]:
+    """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost, and
+    verl's verdict on the changed config (``base_error``, the config's own, for a change of settings only)."""
     out = []
     for knob, tries, cost in _candidates(cfg, s, phase):
         best = None
@@ -253,7 +256,7 @@ def fixes_for(cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate
                 "fits": fits,
                 "step_fits": not any(_short(new_s, p) for p in phases.values()),
                 "cost": cost,
-                "verl_error": verl_error(new_cfg),
+                "verl_error": base_error if new_cfg is cfg else verl_error(new_cfg),
             }
         )
     out.sort(key=lambda f: (not f["fits"], not f["step_fits"], f["new_peak_bytes"]))
@@ -283,11 +286,12 @@ def memory_report(
             return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
 
     phases = evaluate(cfg, s)
-    fixes = [f for name, p in phases.items() if _short(s, p) for f in fixes_for(cfg, s, name, evaluate)]
+    base_error = verl_error(cfg)
+    fixes = [f for name, p in phases.items() if _short(s, p) for f in fixes_for(cfg, s, name, evaluate, base_error)]
     how = (
         "every row at full width (prompt_length + response_length)"
         if lengths is None
         else f"lengths {label or (lengths if isinstance(lengths, str) else f'given ({len(lengths):,} samples)')}: "
         "the largest micro-batch on any GPU (worst case), the median one (typical case)"
     )
-    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, verl_error(cfg))
+    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, base_error)

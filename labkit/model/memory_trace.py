@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from labkit.memory.phases import FUSED_CHUNK
 from labkit.memory.shapes import ModelShape, model_shape
 from labkit.model.trace_attention import CU, varlen_attention
 from labkit.model.trace_heads import (
-    FUSED_CHUNK,
     FlashCrossEntropy,
     FusedLinearPPO,
     entropy_of,

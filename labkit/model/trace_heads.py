@@ -9,8 +9,6 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-FUSED_CHUNK = 512  # verl's FusedLinearForPPO: tokens per chunk
-
 
 def entropy_eager(logits: torch.Tensor) -> torch.Tensor:
     """verl's ``entropy_from_logits``: softmax, logsumexp, minus the expected logit (under autocast: fp32)."""
