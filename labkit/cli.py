@@ -368,11 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_explain(ns)
         if ns.cmd == "read":
             return cmd_read(ns)
+        if ns.cmd == "memory" and getattr(ns, "trace", None) is not None:
+            from labkit.model.trace_runner import TraceProcess
+
+            with TraceProcess() as child:  # it imports torch and transformers while the config is read
+                return memory_command.run(_config(ns.args, ns.profile, ns.set), ns, child.run_one)
         if ns.cmd == "memory":
-            tracer = None
-            if getattr(ns, "trace", None) is not None:
-                from labkit.model.trace_runner import run_trace as tracer
-            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns, tracer)
+            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns)
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:
         print(f"labkit: {exc}", file=sys.stderr)

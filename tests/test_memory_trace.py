@@ -2,7 +2,13 @@
 Hugging Face decoder built from the shape, packed as use_remove_padding packs it, FA2 varlen attention, bf16
 autocast, verl's head. One child process traces the whole grid (torch and transformers import once)."""
 
+import json
+import os
+import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +23,8 @@ from labkit.model.trace_runner import run_traces
 # flash_attn's head and verl's torch fallback, temperature ≠ 1 (the engine's copy, legacy's in place), checkpointing,
 # Ulysses SP (tokens per rank)
 EAGER = {"entropy_compiled": False}
+PADDED = {"remove_padding": False, "response_length": 1536}  # rows of 2048 = 512 prompt + 1536 response
+LEGACY = {"profile": "legacy"}
 GRID = [
     ("Qwen2.5-0.5B", 4096, "ref_log_prob", {}),
     ("Qwen2.5-0.5B", 65536, "ref_log_prob", {}),
@@ -43,6 +51,20 @@ GRID = [
     # Ulysses SP: the trace feeds one rank's slice of the group's micro-batch, with verl's all-to-alls in attention
     ("Qwen2.5-7B", 4096, "update_actor", {"actor_sp": 4, "gradient_checkpointing": False}),
     ("Qwen3-0.6B", 8192, "old_log_prob", {**EAGER, "actor_sp": 2}),
+    # legacy's packed head: the log-probs before the entropy, flash_attn's gradient in a tensor of its own
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**EAGER, **LEGACY, "update_entropy": True}),
+    ("Qwen3-0.6B", 4096, "update_actor", {**EAGER, **LEGACY, "update_entropy": True, "logprob_kernel": "torch"}),
+    # the padded path (use_remove_padding=false): legacy's response slice and its flattened copy, the engine's
+    # entropy over every padded position and its copy of the real tokens
+    ("Qwen2.5-0.5B", 4096, "old_log_prob", PADDED),
+    ("Qwen2.5-0.5B", 4096, "old_log_prob", {**PADDED, **LEGACY}),
+    ("Qwen3-0.6B", 4096, "ref_log_prob", {**PADDED, **LEGACY}),
+    ("Llama-3.1-8B", 4096, "old_log_prob", {**PADDED, **LEGACY, "temperature": 0.7}),
+    ("Qwen2.5-7B", 8192, "update_actor", {**PADDED, **LEGACY}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", PADDED),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, **LEGACY, "update_entropy": True}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, **LEGACY, "update_entropy": True, "logprob_kernel": "torch"}),
+    ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, "update_entropy": True, "entropy_checkpointing": True}),
 ]
 
 
@@ -64,6 +86,7 @@ def test_formula_within_10_percent_of_the_trace(traced, case):
     s, name, phase = _case(case)
     spec = trace_spec(s, name, phase)
     assert sum(spec["seq_lengths"]) == GRID[case][1] * s.actor_sp and len(spec["seq_lengths"]) == 2
+    assert spec["padded"] == ("" if s.remove_padding else s.profile)
     formula = sum(transient_terms(phase).values())
     trace = traced[case]["peak_bytes"]
     detail = (
@@ -98,3 +121,63 @@ def test_a_ulysses_rank_holds_its_slice_and_all_to_alls():
     logits = [a for a in two["alive"] if a["shape"][-1] == 151936]
     assert logits and logits[0]["shape"][0] == 2048
     assert two["ops"].get("cat", 0) >= 4 * 24 > one["ops"].get("cat", 0)
+
+
+PADDED_CLI = [
+    "--profile",
+    "legacy",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "data.train_batch_size=32",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "data.max_prompt_length=512",
+    "data.max_response_length=1536",
+    "actor_rollout_ref.actor.use_remove_padding=false",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+]
+
+
+MARK = f"labkit-test-{os.getpid()}"
+
+
+def _labkit(*args: str) -> subprocess.CompletedProcess:
+    """The CLI, its processes marked in their environment (``_marked`` finds them)."""
+    exe = Path(sys.executable).with_name("labkit")
+    env = {**os.environ, "LABKIT_TEST_MARK": MARK}
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_cli_traces_the_padded_path_as_the_config_reads_it():
+    """``labkit memory --trace`` on a legacy config with use_remove_padding=false: 4 rows padded to 2,048, the
+    head on the 1,536 response positions, the plain entropy (no compile on the padded path), formula within 10%."""
+    out = _labkit("memory", *PADDED_CLI, "--trace", "old_log_prob", "--json")
+    assert out.returncode == 0, out.stderr
+    traced = json.loads(out.stdout)["trace"]["spec"]
+    assert traced["padded"] == "legacy" and traced["width"] == 2048 and traced["response_length"] == 1536
+    assert traced["entropy"] == "eager" and traced["seq_lengths"] == [2048] * 4
+    text = _labkit("memory", *PADDED_CLI, "--trace", "old_log_prob").stdout
+    ratio = float(re.search(r"formula / trace = ([0-9.]+)", text).group(1))
+    assert "4 rows padded to 2,048" in text and 0.9 <= ratio <= 1.1, text[-1500:]
+
+
+def test_a_config_error_with_trace_leaves_no_tracer_behind():
+    """The trace child starts before the config is read; a config verl's reader refuses (exit 2) stops it."""
+    out = _labkit("memory", "data.train_batch_size=abc", "--trace")
+    assert out.returncode == 2 and "internal error" not in out.stderr
+    assert _marked() == set()
+
+
+def _marked() -> set[int]:
+    """Live processes this test's CLI runs started (their environment holds ``MARK``)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"LABKIT_TEST_MARK={MARK}".encode() in env.split(b"\0"):
+            found.add(int(pid))
+    return found

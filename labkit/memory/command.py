@@ -197,7 +197,8 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     if ns.json:
         doc = rep.to_dict()
         if traced is not None:
-            doc["trace"] = {"phase": traced[0], **traced[2]}
+            spec = {k: v for k, v in traced[1].items() if k != "model"}
+            doc["trace"] = {"phase": traced[0], "spec": spec, **traced[2]}
         print(json.dumps(doc, default=str))
     else:
         print(render_text(rep))

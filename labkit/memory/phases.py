@@ -24,6 +24,8 @@ class PassShape:
 
     rows: int
     tokens: int
+    real_tokens: int | None = None
+    """The padded path's real tokens among ``tokens`` (None: every token fed is real)."""
 
 
 @dataclass
@@ -103,13 +105,37 @@ def generate(s: MemorySettings) -> Phase:
     return Phase("generate", {"engine": {**_residents(s, "generate"), **engine}}, info)
 
 
-def _head(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
+def _padded_head(s: MemorySettings, shape: PassShape, vocab: int) -> bool:
+    return not s.remove_padding and not s.fused_kernels and vocab > 1
+
+
+def head_tokens(s: MemorySettings, shape: PassShape, vocab: int) -> int:
+    """Th: the rows the log-probs and the entropy run on; legacy's padded head slices each row's response
+    positions (``logits[:, -response_length - 1 : -1]``), everywhere else every token fed."""
+    if _padded_head(s, shape, vocab) and s.profile == "legacy":
+        return min(shape.tokens, shape.rows * s.response_length)
+    return shape.tokens
+
+
+def _unpadded(s: MemorySettings, shape: PassShape, vocab: int) -> dict[str, int]:
+    """The padded path's copy of the logits the log-probs read: legacy's flash_attn head flattens the response slice
+    (a copy when there are several rows); the engine concatenates the real tokens' rows."""
+    if not _padded_head(s, shape, vocab):
+        return {}
+    if s.profile == "legacy":
+        copied = shape.rows > 1 and s.logprob_kernel == "flash_attn"
+        return {"unpadded_logits": head_tokens(s, shape, vocab) * vocab * s.compute_bytes} if copied else {}
+    return {"unpadded_logits": (shape.real_tokens or shape.tokens) * vocab * s.compute_bytes}
+
+
+def _head(s: MemorySettings, shape: PassShape, vocab: int) -> dict[str, int]:
     """The log-prob head of a forward-only pass: the logits in the compute dtype (flash_attn's or torch's head add no
-    T×V tensor under no_grad), labkit's CPU head its fp32 upcast and log-softmax, the fused kernel one chunk."""
-    b = s.compute_bytes
+    T×V tensor under no_grad), the padded path's copy, labkit's CPU head its fp32 upcast and log-softmax, the fused
+    kernel one chunk."""
+    b, tokens = s.compute_bytes, shape.tokens
     if s.fused_kernels and vocab > 1:
         return {"fused_chunk": _fused_forward_chunk(s, tokens)}
-    logits = {"logits": tokens * vocab * b, **_temperature_copy(s, tokens, vocab)}
+    logits = {"logits": tokens * vocab * b, **_temperature_copy(s, tokens, vocab), **_unpadded(s, shape, vocab)}
     if s.logprob_kernel != "full_log_softmax" or vocab == 1:
         return logits
     return {**logits, "log_softmax": logprob_peak_bytes(tokens, vocab, b) - tokens * vocab * b}
@@ -142,20 +168,29 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
     return 2 * tokens * v * (4 if s.autocast else s.compute_bytes)
 
 
-def _entropy_backward(s: MemorySettings, tokens: int) -> dict[str, int]:
+def _entropy_backward(s: MemorySettings, shape: PassShape) -> dict[str, int]:
     """The update's head backward with the entropy (traced): what the entropy saved, its backward's fp32
     temporaries (the softmax and logsumexp backward: a product, a difference, an exp, a product) and the logits'
-    gradients."""
-    v, logit, mode = s.model.vocab_size, tokens * s.model.vocab_size * s.compute_bytes, s.entropy_mode
+    gradients, over the Th rows the entropy ran on. Legacy computes the log-probs first, so what they saved waits
+    for their backward, which runs after the entropy's (the engine computes the entropy first)."""
+    v, b, mode = s.model.vocab_size, s.compute_bytes, s.entropy_mode
+    tokens, logit = head_tokens(s, shape, v), shape.tokens * v * s.compute_bytes
     if mode == "compiled":  # the kernel's logits gradient, the cross-entropy's (in the logits) and their sum
         return {"logits": logit, "logits_grad": 2 * logit}
-    width = 4 if s.autocast else s.compute_bytes  # the entropy's tensors are fp32 under autocast
+    held: dict[str, int] = {}
+    if s.profile == "legacy" and s.logprob_kernel == "torch":
+        held = {"log_softmax_rows": 4 * tokens * v}
+    elif s.profile == "legacy":  # flash_attn's input: the logits (packed) or legacy's padded copy
+        held = _unpadded(s, shape, v) if _padded_head(s, shape, v) else {"logits": logit}
+    width = 4 if s.autocast else b  # the entropy's tensors are fp32 under autocast
     saved = {"entropy_saved": 2 * width * tokens * v}  # the fp32 copy and the softmax, saved for backward
+    grad = tokens * v * b  # the gradient of the rows the entropy ran on
     if mode == "chunked":  # every chunk's copy and softmax are saved; the backward runs a chunk at a time
         rows = min(tokens, s.entropy_chunk_size)
-        return {"logits": logit, **saved, "entropy_backward": 4 * width * rows * v, "logits_grad": logit}
-    kept = {"logits": logit} if mode == "checkpointed" else {}  # the checkpoint keeps its input for the recompute
-    return {**kept, **saved, "entropy_backward": 4 * width * tokens * v, "logits_grad": logit}
+        return {"logits": logit, **held, **saved, "entropy_backward": 4 * width * rows * v, "logits_grad": grad}
+    # the checkpoint keeps its input (every row's logits) for the recompute
+    kept = {"logits": logit} if mode == "checkpointed" else {}
+    return {**kept, **held, **saved, "entropy_backward": 4 * width * tokens * v, "logits_grad": grad}
 
 
 def _fused_backward_chunk(s: MemorySettings, tokens: int, entropy: bool) -> int:
@@ -188,12 +223,17 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     vocab = 1 if name == "values" else m.vocab_size
     instants = {
         "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b)},
-        "log_prob": {**base, "activations": hidden, **_head(s, tok, vocab)},
+        "log_prob": {**base, "activations": hidden, **_head(s, shape, vocab)},
     }
     if name == "old_log_prob":
         logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
-        instants["entropy"] = {**base, "activations": hidden, **logits, "entropy": _entropy(s, tok)}
-    return Phase(name, instants, {"tokens": tok, "rows": shape.rows})
+        entropy = _entropy(s, head_tokens(s, shape, vocab))
+        instants["entropy"] = {**base, "activations": hidden, **logits, "entropy": entropy}
+    return Phase(name, instants, _info(shape))
+
+
+def _info(shape: PassShape) -> dict[str, object]:
+    return {"tokens": shape.tokens, "rows": shape.rows, "real_tokens": shape.real_tokens or shape.tokens}
 
 
 def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
@@ -212,13 +252,13 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
     masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
     vocab = 1 if critic else m.vocab_size
-    head = _head(s, tok, vocab)
+    head, rows = _head(s, shape, vocab), head_tokens(s, shape, vocab)
     entropy = s.update_entropy and not critic
     fwd = {**base, "activations": saved, **head}
     if entropy:
-        fwd["entropy"] = _entropy(s, tok)
+        fwd["entropy"] = _entropy(s, rows)
     if s.logprob_kernel == "torch" and vocab > 1 and not s.fused_kernels:  # each row's fp32 log-softmax, saved
-        fwd["log_softmax_rows"] = 4 * tok * vocab
+        fwd["log_softmax_rows"] = 4 * rows * vocab
     # the head's backward: the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's
     # backward matmul from the logits' gradient, and the final norm's fp32 upcast of the hidden state it saved
     lm_head = {
@@ -238,7 +278,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     else:  # the cross-entropy's gradient is written into the logits (flash_attn) or stacked from the rows (torch)
         back = {"logits": tok * vocab * b, **lm_head}
     extra = (
-        {"backward_entropy": {**base, "activations": saved, **_entropy_backward(s, tok)}}
+        {"backward_entropy": {**base, "activations": saved, **_entropy_backward(s, shape)}}
         if entropy and not s.fused_kernels
         else {}
     )
@@ -253,7 +293,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     if not s.offload_policy or critic:
         step["adam_temporaries"] = 4 * p // s.fsdp_world
     instants["optimizer_step"] = step
-    return Phase(name, instants, {"tokens": tok, "rows": shape.rows, "checkpointing": ckpt})
+    return Phase(name, instants, {**_info(shape), "checkpointing": ckpt})
 
 
 def hf_generate(m: ModelShape, rows: int, prompt_length: int, new_tokens: int, b: int) -> Phase:

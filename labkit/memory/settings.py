@@ -75,7 +75,9 @@ class MemorySettings:
     entropy_chunk_size: int = 2048
     """actor.entropy_from_logits_chunk_size."""
     remove_padding: bool = True
-    """The actor's use_remove_padding (model. in the engine profile, actor. in legacy)."""
+    """The actor's use_remove_padding (model. in the engine profile, actor. in legacy): False feeds padded rows."""
+    response_length: int = 0
+    """rollout.response_length: the positions legacy's padded head slices out of each row's logits."""
     fused_kernels: bool = False
     """model.use_fused_kernels: log-probs from hidden states in 512-token chunks, no full logits."""
     update_entropy: bool = False
@@ -126,11 +128,13 @@ class MemorySettings:
         wraps the chunked and the checkpointed forms too), ``checkpointed``, ``chunked`` or ``eager``."""
         if self.fused_kernels:
             return "fused"
+        if not self.remove_padding:  # both profiles' padded heads call the plain entropy_from_logits
+            return "checkpointed" if self.entropy_checkpointing else "eager"
         if self.entropy_compiled:
             return "compiled"
         if self.entropy_checkpointing:
             return "checkpointed"
-        if self.entropy_chunking and (self.remove_padding or self.profile == "engine"):  # legacy: rmpad path only
+        if self.entropy_chunking:
             return "chunked"
         return "eager"
 
@@ -164,6 +168,7 @@ class MemorySettings:
             max_num_seqs=g(f"{ROLLOUT}.max_num_seqs"),
             max_num_batched_tokens=g(f"{ROLLOUT}.max_num_batched_tokens"),
             max_model_len=g(f"{ROLLOUT}.prompt_length") + g(f"{ROLLOUT}.response_length"),
+            response_length=g(f"{ROLLOUT}.response_length"),
             param_offload=g(f"{ACTOR}.fsdp_config.param_offload"),
             optimizer_offload=g(f"{ACTOR}.fsdp_config.optimizer_offload"),
             offload_policy=g(f"{ACTOR}.fsdp_config.offload_policy"),

@@ -94,7 +94,8 @@ def record_shape(rec: RankRecord, width: int, sp: int) -> PassShape | None:
     for mb in rec.micro_batches:
         fed = mb.padded_tokens if mb.padded_tokens is not None else mb.tokens
         fed = mb.rows * width if fed is None else fed
-        shape = PassShape(rows=mb.rows, tokens=ceil_div(fed, sp))
+        real = mb.tokens if mb.padded_tokens is not None and mb.tokens is not None else None
+        shape = PassShape(rows=mb.rows, tokens=ceil_div(fed, sp), real_tokens=real)
         if best is None or shape.tokens > best.tokens:
             best = shape
     return best

@@ -73,6 +73,13 @@ TERMS: dict[str, Term] = {
         ),
         "a row of logits for every token fed (prompt and padding included on the padded path)",
     ),
+    "unpadded_logits": Term(
+        "use_remove_padding=false: legacy Th·V·b, Th = rows·response_length (flash_attn head, rows > 1); engine "
+        "T_real·V·b",
+        (f"{M}.use_remove_padding", f"{RO}.response_length"),
+        "the padded path's copy of the logits the log-probs read: legacy flattens the response slice, the engine "
+        "concatenates the real tokens' rows",
+    ),
     "log_softmax": Term(
         "T·V·(4·[b<4] + 4) for labkit's CPU head (a full log-softmax); 0 with verl's logprobs_from_logits",
         (f"{M}.use_fused_kernels",),

@@ -48,7 +48,13 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
     sp = max(1, s.critic_sp if name in ("values", "update_critic") else s.actor_sp)
     tokens, rows = int(p.info["tokens"]) * sp, max(1, int(p.info.get("rows") or 1))  # the SP group's micro-batch
     width = max(1, tokens // rows)
-    seqs = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
+    padded = "" if s.remove_padding or sp > 1 else s.profile
+    if padded:  # each row padded to the width; the real tokens spread over the rows
+        real = int(p.info.get("real_tokens") or tokens)
+        seqs = [real // rows + (1 if r < real % rows else 0) for r in range(rows)]
+        width = max(width, max(seqs))
+    else:
+        seqs = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
     update = name.startswith("update")
     wants_entropy = name == "old_log_prob" or (update and s.update_entropy)
     mode = s.entropy_mode
@@ -70,6 +76,10 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
         "temperature": s.temperature,
         "temperature_copy": s.temperature_copy,
         "sp": sp,
+        "padded": padded,
+        "profile": s.profile,
+        "width": width if padded else 0,
+        "response_length": min(s.response_length, width - 1) if padded == "legacy" else 0,
     }
 
 
@@ -79,10 +89,14 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
     total = sum(formula.values())
     traced = int(result["peak_bytes"])
     flags = ", ".join(f"{k}={spec[k]}" for k in ("update", "entropy", "checkpointing", "head", "fused", "temperature"))
+    n, tokens = len(spec["seq_lengths"]), sum(spec["seq_lengths"])
+    if spec.get("padded"):
+        fed = f"{tokens:,} tokens in {n} rows padded to {spec['width']:,} ({spec['padded']}'s padded path"
+        fed += f", the head on the last {spec['response_length']:,} positions)" if spec["response_length"] else ")"
+    else:
+        fed = f"{tokens:,} tokens packed in {n} sequences, 1/{spec['sp']} of them on this rank"
     lines = [
-        f"trace of {name} ({s.model.name}, {sum(spec['seq_lengths']):,} tokens packed in "
-        f"{len(spec['seq_lengths'])} sequences, 1/{spec['sp']} of them on this rank; {flags}; fake CUDA, bf16 "
-        "autocast):",
+        f"trace of {name} ({s.model.name}, {fed}; {flags}; fake CUDA, bf16 autocast):",
         f"  traced peak above the weights: {traced / GiB:,.2f} GiB at {result['op']} in {result['module']}",
         f"  formula at {p.peak_instant}: {total / GiB:,.2f} GiB of pass tensors ("
         + ", ".join(f"{k} {v / GiB:,.2f}" for k, v in formula.items())

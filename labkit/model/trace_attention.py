@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 CU: dict[str, Any] = {}
-"""The packed micro-batch of the pass being traced: ``cu`` (cumulative sequence lengths over all SP ranks' tokens),
-``max`` (the longest sequence), ``sp`` (the Ulysses group size)."""
+"""The micro-batch of the pass being traced: ``cu`` (cumulative sequence lengths over all SP ranks' tokens), ``max``
+(the longest sequence), ``sp`` (the Ulysses group size); on the padded path ``indices``, the real tokens' positions in
+the flattened (rows × width) batch."""
 
 
 def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, sp: int) -> torch.Tensor:
@@ -52,6 +53,8 @@ def varlen_attention(
     ``_ulysses_flash_attention_forward``: repeat K/V heads up to SP, gather the sequence and scatter the heads,
     attend, then the reverse all-to-all."""
     qq, kk, vv = (x.transpose(1, 2) for x in (q, k, v))
+    if "indices" in CU:
+        return _padded_attention(qq, kk, vv, scaling), None
     sp = CU.get("sp", 1)
     if sp > 1:
         times = max(sp // kk.shape[2], 1)
@@ -64,3 +67,16 @@ def varlen_attention(
     if sp > 1:
         out = SeqAllToAll.apply(out, 1, 2, sp)
     return out, None
+
+
+def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: Any) -> torch.Tensor:
+    """The padded path (``use_remove_padding=False``) as transformers' flash_attention_2 runs it: each of q, k, v
+    flattened to (rows·width, heads, dim) and indexed at the real tokens (``_upad_input``), the varlen kernel, then
+    the output scattered into zeros of the padded shape (``_pad_input``)."""
+    rows, width = q.shape[:2]
+    indices, cu, longest = CU["indices"], CU["cu"], CU["max"]
+    qq, kk, vv = (x.reshape(-1, *x.shape[2:])[indices] for x in (q, k, v))
+    out = torch.ops.aten._flash_attention_forward(qq, kk, vv, cu, cu, longest, longest, 0.0, True, False, scale=scaling)
+    padded = torch.zeros(rows * width, *out[0].shape[1:], dtype=out[0].dtype, device=out[0].device)
+    padded[indices] = out[0]
+    return padded.view(rows, width, *out[0].shape[1:])

@@ -36,8 +36,9 @@ class TorchRowsLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, keep: bool) -> torch.Tensor:
-        tokens, vocab = logits.shape
-        ctx.grad_dtype = logits.dtype
+        vocab = logits.shape[-1]
+        tokens = logits.numel() // vocab
+        ctx.grad_dtype, ctx.shape = logits.dtype, logits.shape
         if keep:
             ctx.save_for_backward(logits.new_empty((tokens, vocab), dtype=torch.float32))
         else:  # one row's fp32 upcast and log-softmax at a time
@@ -47,7 +48,7 @@ class TorchRowsLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (saved,) = ctx.saved_tensors
-        return saved.new_empty(saved.shape, dtype=ctx.grad_dtype), None
+        return saved.new_empty(ctx.shape, dtype=ctx.grad_dtype), None
 
 
 def logprobs_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -121,17 +122,20 @@ class CompiledEntropy(torch.autograd.Function):
 
 class FlashCrossEntropy(torch.autograd.Function):
     """Stand-in for flash_attn's Triton cross-entropy (verl's ``logprobs_from_logits`` on GPUs): O(T) outputs; the
-    backward writes the logits' gradient into the logits (``inplace_backward=True``)."""
+    backward writes the logits' gradient into the logits with ``inplace_backward=True`` (verl passes False when it
+    also computes the entropy on the packed path), into a new tensor otherwise."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor, inplace: bool) -> torch.Tensor:
         lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
         ctx.save_for_backward(logits, lse)
+        ctx.inplace = inplace
         return logits.new_empty(logits.shape[0], dtype=torch.float32)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.saved_tensors[0], None  # inplace_backward=True, as verl calls it: the grad overwrites the logits
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits = ctx.saved_tensors[0]
+        return (logits if ctx.inplace else torch.empty_like(logits)), None, None
 
 
 def entropy_of(mode: str, logits: torch.Tensor, chunk: int) -> torch.Tensor | None:

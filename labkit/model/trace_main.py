@@ -1,4 +1,4 @@
-"""``python -m labkit.model.trace_main SPECS_JSON``: the fresh process ``labkit.model.trace_runner`` starts, which
+"""``python -m labkit.model.trace_main`` (specs on stdin): the fresh process ``labkit.model.trace_runner`` starts, which
 enables fake CUDA before anything imports torch, then runs ``labkit.model.memory_trace.main``."""
 
 from labkit.model import fake_cuda
