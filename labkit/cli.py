@@ -25,6 +25,7 @@ from labkit.config.text_input import YAML, is_yaml, load_script_config
 from labkit.config.verl_config import ConfigError, load_config, load_config_text
 from labkit.config.yaml_input import YamlInputError
 from labkit.config.yaml_input import read_config_text as read_config_file
+from labkit.diagnose import command as diagnose_command
 from labkit.memory import command as memory_command
 from labkit.plan import tables
 from labkit.trace import StepTrace
@@ -85,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("script", metavar="SCRIPT|-", help="a launch script, or - for standard input")
     s.add_argument("args", nargs="*", help="arguments given after the script (its $@; after -- if one starts with -)")
     s.add_argument("--set", action="append", metavar="NAME=VALUE", help=SET_HELP)
+    s = sub.add_parser("diagnose", help=diagnose_command.DOC, description=diagnose_command.DOC)
+    diagnose_command.add_arguments(s)
     doc = "what an error code means: verl's message, exception, where, versions, when, why"
     s = sub.add_parser("explain", help=doc, description=doc)
     s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
@@ -368,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_explain(ns)
         if ns.cmd == "read":
             return cmd_read(ns)
+        if ns.cmd == "diagnose":
+            return diagnose_command.run(ns)
         if ns.cmd == "memory" and getattr(ns, "trace", None) is not None:
             from labkit.model.trace_runner import TraceProcess
 

@@ -195,7 +195,6 @@ def trace_pass(
         _gpu_granularity()
     cfg = _hf_config(shape)
     cfg._attn_implementation = "labkit_varlen"
-    total = sum(seq_lengths)
     with FakeTensorMode(allow_non_fake_inputs=True):
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
@@ -254,7 +253,12 @@ def _inputs(seq_lengths: list[int], sp: int, padded: str, width: int, device: st
         rows = len(seq_lengths)
         mask = torch.zeros(rows, width, dtype=torch.long, device=device)
         indices = torch.cat([torch.arange(n, device=device) + r * width for r, n in enumerate(seq_lengths)])
-        CU.update(cu=torch.tensor(cuts, dtype=torch.int32, device=device), max=max(seq_lengths), indices=indices, lengths=seq_lengths)
+        CU.update(
+            cu=torch.tensor(cuts, dtype=torch.int32, device=device),
+            max=max(seq_lengths),
+            indices=indices,
+            lengths=seq_lengths,
+        )
         pos = torch.arange(width, device=device).expand(rows, width)
         return torch.zeros(rows, width, dtype=torch.long, device=device), pos, mask
     CU.pop("indices", None), CU.pop("lengths", None)

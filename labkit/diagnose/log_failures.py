@@ -1,0 +1,297 @@
+"""The failures a verl log names: allocation failures (CUDA, vLLM's allocator, the CPU), NCCL watchdog timeouts per
+rank, verl's own messages (matched against the error catalogue), Ray's host-memory kills and dead workers, and the
+phase the traceback frames point at."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from labkit.diagnose.log_lines import LogLine
+from labkit.rules.catalogue import code_of
+
+UNIT = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6}
+UNIT.update(gb=10**9, tb=10**12)
+SIZE = r"([0-9]+(?:\.[0-9]+)?) ?(GiB|MiB|KiB|TiB|GB|MB|KB|B|bytes)"
+
+
+def to_bytes(number: str, unit: str) -> int:
+    """``13.91`` ``GiB`` as bytes."""
+    return int(float(number) * UNIT[unit.lower()])
+
+
+@dataclass
+class AllocationFailure:
+    """A failed allocation: ``device`` cuda | cpu | cuda-no-size (vLLM's cumem allocator, a bare CUDA error) |
+    kv-cache (the engine found no memory for its KV pool); the figures PyTorch printed, in bytes, when it did."""
+
+    device: str
+    line: int
+    requested: int | None = None
+    gpu: int | None = None
+    capacity: int | None = None
+    free: int | None = None
+    allocated: int | None = None
+    """Allocated by PyTorch when it failed."""
+    reserved_unallocated: int | None = None
+    """Reserved by PyTorch's caching allocator but not allocated (fragmentation or cached blocks)."""
+    process: int | None = None
+    """This process's memory in use, non-PyTorch memory included."""
+
+
+OOM_NEW = re.compile(
+    rf"CUDA out of memory\. Tried to allocate {SIZE}\. GPU (\d+) has a total capacity of {SIZE} of which {SIZE} is "
+    r"free\.(?P<rest>.*)"
+)
+OOM_OLD = re.compile(
+    rf"CUDA out of memory\. Tried to allocate {SIZE} \(GPU (\d+); {SIZE} total capacity; {SIZE} already allocated; "
+    rf"{SIZE} free; {SIZE} reserved in total by PyTorch\)"
+)
+THIS_PROCESS = re.compile(rf"this process has {SIZE} memory in use")
+BY_PYTORCH = re.compile(rf"Of the allocated memory {SIZE} is allocated by PyTorch")
+UNALLOCATED = re.compile(rf"and {SIZE} is reserved by PyTorch but unallocated")
+CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate ([0-9]+) bytes")
+CUDA_BARE = re.compile(r"(?:CUDA|cuda) error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation")
+KV_POOL = re.compile(r"No available memory for the cache blocks|larger than the available KV cache memory")
+
+
+def _size(pattern: re.Pattern, text: str) -> int | None:
+    m = pattern.search(text)
+    return to_bytes(m.group(1), m.group(2)) if m else None
+
+
+def allocation_failure(line: LogLine) -> AllocationFailure | None:
+    """The allocation failure one line reports, or None."""
+    text = line.text
+    m = OOM_NEW.search(text)
+    if m:
+        rest = m.group("rest")
+        return AllocationFailure(
+            "cuda",
+            line.number,
+            requested=to_bytes(m.group(1), m.group(2)),
+            gpu=int(m.group(3)),
+            capacity=to_bytes(m.group(4), m.group(5)),
+            free=to_bytes(m.group(6), m.group(7)),
+            allocated=_size(BY_PYTORCH, rest),
+            reserved_unallocated=_size(UNALLOCATED, rest),
+            process=_size(THIS_PROCESS, rest),
+        )
+    m = OOM_OLD.search(text)
+    if m:
+        allocated, reserved = to_bytes(m.group(6), m.group(7)), to_bytes(m.group(10), m.group(11))
+        return AllocationFailure(
+            "cuda",
+            line.number,
+            requested=to_bytes(m.group(1), m.group(2)),
+            gpu=int(m.group(3)),
+            capacity=to_bytes(m.group(4), m.group(5)),
+            free=to_bytes(m.group(8), m.group(9)),
+            allocated=allocated,
+            reserved_unallocated=max(0, reserved - allocated),
+        )
+    m = CPU.search(text)
+    if m:
+        return AllocationFailure("cpu", line.number, requested=int(m.group(1)))
+    if KV_POOL.search(text):
+        return AllocationFailure("kv-cache", line.number)
+    if CUDA_BARE.search(text):
+        return AllocationFailure("cuda-no-size", line.number)
+    return None
+
+
+@dataclass
+class NcclTimeout:
+    """One rank's watchdog report: the collective it waited in (its sequence number in its process group), the
+    op, the element counts, the timeout, and the group's last enqueued and completed work when printed."""
+
+    rank: int
+    seq: int
+    op: str
+    numel_in: int
+    numel_out: int
+    timeout_ms: int
+    line: int
+    group: str = ""
+    last_enqueued: int | None = None
+    last_completed: int | None = None
+
+
+WATCHDOG = re.compile(
+    r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    r"OpType=(?P<op>\w+), NumelIn=(?P<nin>-?\d+), NumelOut=(?P<nout>-?\d+), Timeout\(ms\)=(?P<ms>\d+)\)"
+)
+RANK_TAG = re.compile(r"^\[rank(\d+)\]:")
+GROUP_WORK = re.compile(
+    r"\[PG (?:ID )?(?P<pg>[^\]]*?) ?Rank (?P<rank>\d+)\] (?:Exception|Timeout)[^:]*?(?:at work: \d+, )?"
+    r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)"
+)
+
+
+def nccl_timeouts(lines: list[LogLine]) -> list[NcclTimeout]:
+    """Every rank's watchdog timeout (the first report per rank), with its group's last work where printed."""
+    found: dict[int, NcclTimeout] = {}
+    for line in lines:
+        m = WATCHDOG.search(line.text)
+        if m:
+            tag = RANK_TAG.match(line.text)
+            rank = int(m.group("rank") or (tag.group(1) if tag else -1))
+            found.setdefault(
+                rank,
+                NcclTimeout(
+                    rank,
+                    int(m.group("seq")),
+                    m.group("op"),
+                    int(m.group("nin")),
+                    int(m.group("nout")),
+                    int(m.group("ms")),
+                    line.number,
+                ),
+            )
+            continue
+        m = GROUP_WORK.search(line.text)
+        if m and int(m.group("rank")) in found:
+            t = found[int(m.group("rank"))]
+            t.group = m.group("pg").strip()
+            t.last_enqueued, t.last_completed = int(m.group("enq")), int(m.group("done"))
+    return sorted(found.values(), key=lambda t: t.rank)
+
+
+@dataclass
+class VerlMessage:
+    """A message of verl's that the error catalogue knows: its code and the text as printed."""
+
+    code: str
+    text: str
+    line: int
+
+
+EXCEPTION = re.compile(r"(?:^|[\s(])(?:[\w.]+\.)?(?P<exc>\w*(?:Error|Exception))\)?: (?P<msg>.+)$")
+
+
+def verl_messages(lines: list[LogLine]) -> list[VerlMessage]:
+    """verl's own error messages in the log (an exception's message, or the line after a bare exception name),
+    each matched to its catalogue code; the first of each code."""
+    out: dict[str, VerlMessage] = {}
+    previous = ""
+    for line in lines:
+        text = line.text.strip()
+        candidates = []
+        m = EXCEPTION.search(text)
+        if m:
+            candidates.append(m.group("msg").strip())
+        if re.fullmatch(r"(?:[\w.]+\.)?\w*(?:Error|Exception)", previous):
+            candidates.append(text)
+        previous = text
+        for msg in candidates:
+            code = code_of(msg[:2000])
+            if code and code not in out and code[0] in "EBX":
+                out[code] = VerlMessage(code, msg, line.number)
+    return list(out.values())
+
+
+@dataclass
+class HostOom:
+    """Ray killed a process for host memory: what it was (Ray's task or actor name), its memory, the node's."""
+
+    line: int
+    process: str = ""
+    process_gb: float | None = None
+    node_used_gb: float | None = None
+    node_total_gb: float | None = None
+    threshold: float | None = None
+    top: list[tuple[float, str]] = field(default_factory=list)
+    """Ray's "Top 10 memory users": (GB, command)."""
+
+
+RAY_OOM = re.compile(
+    r"OutOfMemoryError: Task was killed due to the node running low on memory|killed due to memory pressure \(OOM\)"
+)
+NODE_MEMORY = re.compile(
+    r"name=(?P<name>[^,]+), pid=\d+, memory used=(?P<proc>[0-9.]+)GB\) was running was (?P<used>[0-9.]+)GB / "
+    r"(?P<total>[0-9.]+)GB \([0-9.]+\), which exceeds the memory usage threshold of (?P<thr>[0-9]*\.?[0-9]+)"
+)
+TOP_ROW = re.compile(r"^\s*\d+\s+(?P<gb>[0-9.]+)\s+(?P<cmd>\S.*)$")
+
+
+def host_oom(lines: list[LogLine]) -> HostOom | None:
+    """Ray's host-memory kill, with the figures it printed; None when the log has none."""
+    found: HostOom | None = None
+    in_table = False
+    for line in lines:
+        if RAY_OOM.search(line.text) and found is None:
+            found = HostOom(line.number)
+        m = NODE_MEMORY.search(line.text)
+        if m:
+            found = found or HostOom(line.number)
+            found.process, found.process_gb = m.group("name").strip(), float(m.group("proc"))
+            found.node_used_gb, found.node_total_gb = float(m.group("used")), float(m.group("total"))
+            found.threshold = float(m.group("thr"))
+        if re.match(r"^\s*PID\s+MEM\(GB\)\s+COMMAND", line.text):
+            in_table = True
+            found = found or HostOom(line.number)
+            continue
+        row = TOP_ROW.match(line.text) if in_table else None
+        if row and found is not None and len(found.top) < 10:
+            found.top.append((float(row.group("gb")), row.group("cmd").strip()))
+        elif in_table and not row:
+            in_table = False
+    return found
+
+
+DIED = re.compile(
+    r"The actor died unexpectedly|A worker died or was killed|ActorDiedError|Worker exit type: SYSTEM_ERROR|"
+    r"killed by SIGKILL|The actor is dead because"
+)
+
+
+def worker_died(lines: list[LogLine]) -> int | None:
+    """The line where Ray reports a dead worker or actor (cause unknown to Ray), or None."""
+    return next((line.number for line in lines if DIED.search(line.text)), None)
+
+
+@dataclass
+class LabRank:
+    """One rank's line of labkit's own hang report (the hang lab, a live group's collective timeout): where it
+    ended (``waited`` in a collective, ``returned``, ``raised``) and the collectives it issued by name."""
+
+    rank: int
+    outcome: str
+    stage: str
+    line: int
+    collective: str = ""
+    call: int | None = None
+    issued: dict[str, int] = field(default_factory=dict)
+
+
+LAB_WAITED = re.compile(
+    r"^rank (\d+): waited [0-9.]+ s in (.+?) call #(\d+) \((\w+),[^)]*\) until the timeout; issued (.*)$"
+)
+LAB_ENDED = re.compile(r"^rank (\d+): (?:finished (\w+) and returned|raised .* in (\w+)); issued (.*)$")
+ISSUED = re.compile(r"(.+?)×(\d+)")
+
+
+def _issued(text: str) -> dict[str, int]:
+    return {m.group(1).strip(): int(m.group(2)) for m in ISSUED.finditer(text.replace(", ", "\n").replace("\n", ","))}
+
+
+def lab_ranks(lines: list[LogLine]) -> list[LabRank]:
+    """The ranks of a labkit hang report, when the log holds one."""
+    out = []
+    for line in lines:
+        text = line.text.strip()
+        m = LAB_WAITED.match(text)
+        if m:
+            out.append(
+                LabRank(
+                    int(m.group(1)), "waited", m.group(4), line.number, m.group(2), int(m.group(3)), _issued(m.group(5))
+                )
+            )
+            continue
+        m = LAB_ENDED.match(text)
+        if m:
+            outcome = "returned" if m.group(2) else "raised"
+            out.append(
+                LabRank(int(m.group(1)), outcome, m.group(2) or m.group(3), line.number, issued=_issued(m.group(4)))
+            )
+    return out

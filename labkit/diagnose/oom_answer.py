@@ -1,0 +1,121 @@
+"""The answer to an allocation failure: the log's figures, which tensor the request was (matched against the memory
+model's tensors of the failing phase, or the T × V products it is consistent with), fragmentation, and, with a
+recovered config, labkit's prediction for that phase beside the log and the fixes with their new peaks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.diagnose.log_failures import AllocationFailure
+from labkit.diagnose.oom_match import GiB, Tensor, factorisations, match
+from labkit.memory.settings import MemorySettings
+from labkit.memory.step_memory import step_phases
+from labkit.memory.verdict import MemoryReport, fixes_for
+
+FRAGMENTED = 0.10
+"""Reserved-but-unallocated above this share of the capacity is called fragmentation even when smaller than the
+request (PyTorch's own hint starts "If reserved but unallocated memory is large")."""
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / GiB:,.2f} GiB"
+
+
+def figures(a: AllocationFailure) -> list[str]:
+    """The failure as the log printed it."""
+    if a.device == "cpu":
+        return [f"host allocation failed: {a.requested:,} bytes ({_gib(a.requested)}) requested from the CPU allocator"]
+    if a.device == "kv-cache":
+        return ["the rollout engine found no memory for its KV-cache pool at start-up"]
+    if a.requested is None:
+        return ["CUDA out of memory, without sizes (a CUDA error or vLLM's own allocator, not PyTorch's)"]
+    return [
+        f"GPU {a.gpu}: requested {_gib(a.requested)}; capacity {_gib(a.capacity)}, free {_gib(a.free)}; allocated "
+        f"by PyTorch {_gib(a.allocated)}, reserved but unallocated {_gib(a.reserved_unallocated)}"
+        + (f"; this process {_gib(a.process)} in use" if a.process is not None else "")
+    ]
+
+
+def fragmentation(a: AllocationFailure) -> str | None:
+    """The fragmentation verdict: reserved-but-unallocated against the request and the capacity."""
+    if a.reserved_unallocated is None or a.requested is None:
+        return None
+    cap = a.capacity or 0
+    spare = a.reserved_unallocated
+    if spare >= a.requested or (cap and spare > FRAGMENTED * cap):
+        return (
+            f"fragmentation: PyTorch holds {_gib(spare)} reserved but unallocated"
+            + (f", more than the {_gib(a.requested)} it asked for" if spare >= a.requested else "")
+            + ", yet no free block was large enough. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the "
+            "allocator then grows segments instead of cutting new ones); it does not lower the peak itself."
+        )
+    return (
+        f"not fragmentation: only {_gib(spare)} is reserved but unallocated; the memory is held by live tensors, so "
+        "the peak itself must come down."
+    )
+
+
+FP32_OPS = ("entropy", "softmax", "logsumexp", "log_softmax", "float")
+
+
+def tensor_lines(
+    a: AllocationFailure, tensors: list[Tensor], vocab: int | None, failed_in: str = ""
+) -> tuple[list[str], bool]:
+    """Which tensor the request was, and whether labkit's model matched it (a factorisation is only a hint; raised
+    in an entropy or softmax frame, the fp32 reading comes first)."""
+    if a.requested is None or a.requested < 64 * 2**20:
+        return [], False
+    hit = match(a.requested, tensors) if tensors else None
+    if hit is not None:
+        return [f"the failed allocation: {_gib(a.requested)} = {hit.arithmetic}: {hit.what}"], True
+    lines = []
+    if tensors:
+        lines.append(
+            f"the failed allocation ({_gib(a.requested)}) matches none of the tensors labkit's model sizes for this "
+            "phase: " + "; ".join(f"{t.what} {_gib(t.bytes)}" for t in tensors[:4])
+        )
+    guesses = factorisations(a.requested, vocab)
+    if any(op in failed_in for op in FP32_OPS):
+        guesses.sort(key=lambda g: not g.arithmetic.endswith("× 4 B"))
+    if guesses:
+        lines.append(
+            f"{_gib(a.requested)} is consistent with "
+            + " or ".join(f"{g.arithmetic} ({g.what})" for g in guesses)
+            + (" (a hypothesis from the size alone" + (f", vocabulary {vocab:,})" if vocab else ")"))
+        )
+    return lines, False
+
+
+def prediction(
+    cfg: Any, rep: MemoryReport, phase: str, a: AllocationFailure
+) -> tuple[list[str], list[dict[str, Any]], bool]:
+    """labkit's peak for the failing phase beside the log's, the fixes (when labkit predicts the OOM too) and
+    whether labkit's model explains the failure."""
+    p = rep.phases[phase]
+    state, left = rep.state(phase)
+    needed = (a.allocated or 0) + (a.requested or 0)
+    lines = [
+        f"labkit predicts {phase} at {_gib(p.peak_bytes)} per GPU ({state}, {_gib(abs(left))} "
+        f"{'left' if left >= 0 else 'over'}), largest terms: "
+        + ", ".join(f"{k} {_gib(v)}" for k, v in list(p.terms.items())[:4])
+        + (
+            f"; the log: {_gib(a.allocated)} allocated + {_gib(a.requested)} requested = {_gib(needed)}"
+            if needed
+            else ""
+        )
+    ]
+    if state != "OOM":
+        lines.append(
+            f"labkit's model has {phase} fitting this GPU, so it does not explain this OOM: the lengths or a "
+            "knob the log does not show differ, or memory outside the model (another process, a leak) was held"
+        )
+        return lines, [], False
+    s: MemorySettings = rep.settings
+    fixes = fixes_for(cfg, s, phase, step_phases, rep.verl_error)
+    for f in fixes[:6]:
+        verdict = "verl accepts" if not f["verl_error"] else f"verl rejects it ({f['verl_error']})"
+        lines.append(
+            f"  fix: {f['set']}: {phase} {_gib(f['new_peak_bytes'])}"
+            f"{' fits' if f['fits'] else ' still over'}; {f['cost']}; {verdict}"
+        )
+    return lines, fixes, True

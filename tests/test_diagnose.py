@@ -1,0 +1,217 @@
+"""``labkit diagnose``: real verl logs from public threads (tests/data/logs, each with what its thread
+established), the same logs rewrapped as other terminals and Ray print them, logs labkit's own live runs write, a
+log made from labkit's own prediction (the failed allocation must be found among the phase's tensors) and one whose
+allocation matches nothing (it must say so)."""
+
+from __future__ import annotations
+
+import json
+import pprint
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit.diagnose.answer import diagnose_text
+from labkit.diagnose.log_failures import to_bytes
+from labkit.rules.catalogue import code_of
+
+LOGS = Path(__file__).parent / "data" / "logs"
+SLUGS = sorted(p.stem for p in LOGS.glob("*.log"))
+KINDS = {"oom", "hang", "verl_error", "host_oom", "unknown"}
+PHASES = {"generate", "old_log_prob", "ref_log_prob", "values", "update_actor", "update_critic", "weight_sync", None}
+
+
+def _meta(slug: str) -> dict:
+    return yaml.safe_load((LOGS / f"{slug}.yaml").read_text())
+
+
+def _expected(meta: dict) -> tuple[str, str | None]:
+    shows = meta.get("log_shows") or {}
+    return shows.get("kind", meta["kind"]), shows.get("phase", meta["phase"])
+
+
+def test_the_corpus_is_real_sourced_and_covers_the_failures():
+    """At least 15 logs, each from a public thread; OOMs in four phases, NCCL timeouts, verl's messages, a host OOM."""
+    assert len(SLUGS) >= 15
+    metas = {s: _meta(s) for s in SLUGS}
+    for slug, m in metas.items():
+        assert re.match(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+", m["source"]), slug
+        assert m["kind"] in KINDS and m["phase"] in PHASES, slug
+        assert slug in (LOGS / "README.md").read_text()
+    kinds = [m["kind"] for m in metas.values()]
+    assert {"oom", "hang", "verl_error", "host_oom"} <= set(kinds)
+    assert len({m["phase"] for m in metas.values() if m["kind"] == "oom" and m["phase"]}) >= 4
+    text = "\n".join((LOGS / f"{s}.log").read_text() for s in SLUGS)
+    assert not re.search(r"/home/(?!user/)\w+/", text), "a user name left in a path"
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_each_real_log_is_diagnosed_as_its_thread_established(slug):
+    meta, text = _meta(slug), (LOGS / f"{slug}.log").read_text()
+    kind, phase = _expected(meta)
+    d = diagnose_text(text)
+    assert (d.kind, d.phase) == (kind, phase), (d.kind, d.phase, d.lines)
+    failing = meta.get("failing") or ""
+    m = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", failing)
+    if kind == "oom" and m:
+        assert d.facts["allocation"]["requested"] == to_bytes(m.group(1), m.group(2))
+        assert any(f"{float(m.group(1)):.2f} GiB" in line for line in d.lines) or m.group(2) == "MiB"
+    if kind == "verl_error":
+        assert d.code == code_of(failing.split(": ", 1)[-1]) and d.code is not None
+    if kind == "hang":
+        seqs = {int(x) for x in re.findall(r"SeqNum=(\d+)", text)}
+        assert {t["seq"] for t in d.facts["nccl"]} == seqs
+    assert d.exit_code in (0, 1)
+
+
+def _rewrap(text: str, seed: int) -> str:
+    """The same log as another run prints it: Ray's prefix and colours on every line, CRLF endings, progress bars
+    redrawn with carriage returns, and unrelated lines in between."""
+    rng = random.Random(seed)
+    out = []
+    for line in text.splitlines():
+        if rng.random() < 0.3:
+            out.append(
+                f"\x1b[36m(TaskRunner pid={rng.randint(100, 999)})\x1b[0m Training Progress:  10%|█ | 1/10\r 20%|██"
+            )
+        prefix = (
+            ""
+            if line.startswith("(")
+            else f"\x1b[36m(WorkerDict pid={rng.randint(1000, 9999)}, ip=10.0.0.{seed})\x1b[0m "
+        )
+        out.append(prefix + line + " [repeated 2x across cluster]" * (rng.random() < 0.1 and "Error" not in line))
+    return "\r\n".join(out)
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_a_rewrapped_log_is_diagnosed_the_same(slug):
+    text = (LOGS / f"{slug}.log").read_text()
+    plain, wrapped = diagnose_text(text), diagnose_text(_rewrap(text, 1 + len(slug) % 7))
+    assert (wrapped.kind, wrapped.phase, wrapped.code) == (plain.kind, plain.phase, plain.code)
+    moved = ("line",)  # the inserted lines shift the line numbers
+    assert {k: v for k, v in (wrapped.facts.get("allocation") or {}).items() if k not in moved} == {
+        k: v for k, v in (plain.facts.get("allocation") or {}).items() if k not in moved
+    }
+
+
+CONFIG = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=256",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=3072",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "trainer.n_gpus_per_node=8",
+]
+
+
+def _oom_log(requested_gib: float, config_first: bool) -> str:
+    """A legacy run's log: the config (verl's dump or Hydra's list), the worker's frames, PyTorch's message."""
+    frames = [
+        "(TaskRunner pid=77) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): "
+        "ray::WorkerDict.actor_rollout_compute_log_prob() (pid=4242, ip=10.0.0.1)",
+        '(WorkerDict pid=4242)   File "/verl/verl/workers/fsdp_workers.py", line 782, in compute_log_prob',
+        '(WorkerDict pid=4242)   File "/verl/verl/utils/torch_functional.py", line 148, in entropy_from_logits',
+        f"(WorkerDict pid=4242) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {requested_gib:.2f} GiB. "
+        "GPU 0 has a total capacity of 79.19 GiB of which 2.07 GiB is free. Of the allocated memory 74.01 GiB is "
+        "allocated by PyTorch, and 1.63 GiB is reserved by PyTorch but unallocated.",
+    ]
+    tree: dict = {}
+    for item in CONFIG:
+        key, value = item.split("=", 1)
+        node = tree
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = int(value) if value.isdigit() else False if value == "false" else value
+    dump = [f"(TaskRunner pid=77) {line}" for line in pprint.pformat(tree, width=80).splitlines()]  # as verl prints it
+    return "\n".join(dump + frames if config_first else frames + [f"Error executing job with overrides: {CONFIG!r}"])
+
+
+@pytest.mark.parametrize("config_first", [True, False])
+def test_a_failed_allocation_of_a_predicted_tensor_is_named_with_the_fixes(config_first):
+    """labkit's own sizes for this config: 16 rows × 4,096 tokens of old_log_prob, so the entropy's fp32 T × V is
+    65,536 × 152,064 × 4 B; the log's request of that size is that tensor, the phase is over the GPU in labkit's
+    model too, and each fix comes with its new peak and verl's verdict."""
+    fp32 = 65536 * 152064 * 4
+    d = diagnose_text(_oom_log(fp32 / 2**30, config_first))
+    assert (d.kind, d.phase, d.model, d.profile) == ("oom", "old_log_prob", "Qwen2.5-7B", "legacy")
+    assert any("65,536 tokens × 152,064 vocab × 4 B" in line for line in d.lines), d.lines
+    assert d.explained and d.exit_code == 0 and d.facts["fixes"]
+    assert all(f["phase"] == "old_log_prob" and f["new_peak_bytes"] > 0 for f in d.facts["fixes"])
+    assert set(CONFIG) <= set(d.overrides) or not config_first
+
+
+def test_an_allocation_that_matches_no_predicted_tensor_says_so():
+    d = diagnose_text(_oom_log(3.33, False))
+    assert any("matches none of the tensors" in line for line in d.lines), d.lines
+    assert not any("the failed allocation: " in line for line in d.lines)
+
+
+def _labkit(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("labkit")
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_exit_codes_json_and_standard_input(tmp_path):
+    ok = _labkit("diagnose", str(LOGS / "verl-error-train-bsz-lt-mini-grpo.log"), "--json")
+    doc = json.loads(ok.stdout)
+    assert ok.returncode == 0 and doc["kind"] == "verl_error" and doc["code"] == "E9"
+    assert {"kind", "phase", "code", "overrides", "model"} <= set(doc)
+    died = _labkit("diagnose", "-", stdin=(LOGS / "unknown-actor-died-sigkill-grpo.log").read_text())
+    assert died.returncode == 1 and "OOM killer" in died.stdout
+    assert _labkit("diagnose", "-", stdin="all good\n").returncode == 2
+    assert _labkit("diagnose", str(tmp_path / "missing.log")).returncode == 2
+    binary = tmp_path / "bin.log"
+    binary.write_bytes(b"\x00\x01" * 100)
+    out = _labkit("diagnose", str(binary))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_a_log_over_the_cap_is_read_from_its_end_quickly(tmp_path):
+    big = tmp_path / "big.log"
+    filler = "Training Progress:  10%|█         | 116/1155 [7:54:43<67:30:48, 233.93s/it]\n" * 120_000
+    big.write_text(filler + (LOGS / "oom-old-log-prob-entropy-qwen32b-h800.log").read_text())
+    out = _labkit("diagnose", str(big), "--json")
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "oom" and doc["phase"] == "old_log_prob"
+    assert "read the last 8 MiB" in doc["answer"][0]
+
+
+def test_a_real_cpu_allocation_failure_is_read():
+    """A real process whose address space is capped fails in torch's CPU allocator; its own stderr is the log."""
+    code = (
+        "import resource, torch\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2**34, 2**34))\n"
+        "def compute_log_prob():\n"
+        "    return torch.empty(2**36, dtype=torch.uint8)\n"
+        "compute_log_prob()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "DefaultCPUAllocator" in proc.stderr, proc.stderr[-500:]
+    d = diagnose_text(proc.stderr)
+    assert d.kind == "oom" and d.facts["allocation"] == {
+        "device": "cpu",
+        "line": d.facts["allocation"]["line"],
+        "requested": 2**36,
+    }
+    assert d.phase == "old_log_prob"
+
+
+def test_the_hang_labs_own_report_is_read_back():
+    """A live hang (a): two real ranks, dynamic batch size without the MAX sync; the lab's report is the log."""
+    from labkit.hangs.reproduce import unsynced_dynamic_bsz
+
+    run = unsynced_dynamic_bsz(fix=False)
+    d = diagnose_text(run.diagnosis.text())
+    assert (d.kind, d.phase, d.explained) == ("hang", run.diagnosis.stage, True)
+    assert any("fewer, so the call never completes" in line for line in d.lines), d.lines
