@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,6 +22,7 @@ from rich.table import Table
 
 from labkit.config.launch_script import MAX_SCRIPT_BYTES, LaunchError, exact_args, parse_sets, read_script
 from labkit.config.lengths import LengthsError, parse_lengths
+from labkit.config.messages import clip
 from labkit.config.text_input import YAML, is_yaml, load_script_config
 from labkit.config.verl_config import ConfigError, load_config, load_config_text
 from labkit.config.yaml_input import YamlInputError
@@ -33,8 +35,15 @@ from labkit.trace import StepTrace
 SET_HELP = "a shell variable's value for the script (the environment, or what $(...) printed); repeatable"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (its usage block stays behind --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {clip(message)} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit", description="verl Batch Lab: plan and check verl batch configs.")
+    p = _Parser(prog="labkit", description="verl Batch Lab: plan and check verl batch configs.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error (exit code 3)")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, doc in (
@@ -93,6 +102,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("code", nargs="?", help="a code such as E21 (any case); none: list every code")
     s.add_argument("--markdown", action="store_true", help="print the whole catalogue as docs/errors.md")
     return p
+
+
+def _read_options(ns: argparse.Namespace) -> None:
+    """Every option value validated once, where it is read, the same way for every command: --lengths (a profile
+    or positive integers), --seed (0 to 2**32 - 1); an option given as ``--opt=--`` (argparse's empty list) has
+    no value."""
+    for name in ("gpu", "gpu_memory", "model", "lengths", "seed", "margin", "head", "trace", "dispatch", "config"):
+        if isinstance(getattr(ns, name, None), list):
+            raise ConfigError(f"--{name.replace('_', '-')} needs a value")
+    if getattr(ns, "lengths", None) is not None:
+        ns.lengths = parse_lengths(ns.lengths)
+    seed = getattr(ns, "seed", 0)
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed must be a non-negative integer, got {seed} (at most 2**32 - 1)")
 
 
 def _source_text(path: str) -> str:
@@ -208,8 +231,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from labkit.plan.step import plan
 
     cfg = _config(ns.args, ns.profile, ns.set)
-    lengths = parse_lengths(ns.lengths) if ns.lengths else None
-    tr = plan(cfg, lengths, dispatch=ns.dispatch, seed=ns.seed)
+    tr = plan(cfg, ns.lengths, dispatch=ns.dispatch, seed=ns.seed)
     memory_command.fill_trace(tr, cfg, ns.model)
     engine = _engine_plan(cfg, ns.model)
     tr.summary["rollout_engine"] = engine if isinstance(engine, str) else engine.as_dict()
@@ -321,9 +343,8 @@ def _print_hang_risks(con: Console, cfg: Any, ns: argparse.Namespace, planned: S
     from labkit.plan.hang_risk import config_risks
     from labkit.plan.step import PlanTooLarge
 
-    lengths = parse_lengths(ns.lengths) if ns.lengths else None
     try:
-        risks = config_risks(cfg, lengths, seed=ns.seed, trace=planned)
+        risks = config_risks(cfg, ns.lengths, seed=ns.seed, trace=planned)
     except PlanTooLarge:  # a step too large to plan per rank: no per-rank prediction
         return
     for risk in risks:
@@ -361,12 +382,19 @@ def cmd_explain(ns: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``labkit`` script; returns the exit code (0, 1, 2, or 3 for an internal error)."""
     parser = _parser()
-    ns, rest = parser.parse_known_args(argv)
+    try:
+        ns, rest = parser.parse_known_args(argv)
+    except SystemExit as exc:  # argparse's one-line error (or --help): its exit code, for in-process callers too
+        return exc.code if isinstance(exc.code, int) else 0
     if rest and (not hasattr(ns, "args") or any(r.startswith("-") for r in rest)):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        try:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        except SystemExit as exc:
+            return int(exc.code or 2)
     if rest:
         ns.args = [*ns.args, *rest]  # overrides after an option (--set X=1 key=value)
     try:
+        _read_options(ns)
         if ns.cmd == "explain":
             return cmd_explain(ns)
         if ns.cmd == "read":
@@ -386,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as exc:  # a labkit bug: one line, the traceback only on request
         if ns.debug:
-            raise
+            traceback.print_exc()
+            return 3
         print(
             f"labkit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
             file=sys.stderr,

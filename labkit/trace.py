@@ -104,6 +104,9 @@ class StepTrace:
     stages: list[StageRecord] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    row_lengths: list[int] | None = field(default=None, compare=False, repr=False)
+    """The planner's rows' lengths by row id (the ids in ``MicroBatch.indices``: v1's completion order and padding
+    rows included); kept out of ``to_dict``."""
 
     def stage(self, name: str) -> StageRecord:
         for s in self.stages:
@@ -119,7 +122,9 @@ class StepTrace:
         return [s.name for s in self.stages]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("row_lengths")
+        return out
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import time
 
 import pytest
@@ -49,7 +50,7 @@ def test_alias_bombs_are_refused_fast(tmp_path, mapping):
     path = tmp_path / "bomb.yaml"
     path.write_text(_alias_bomb(9, mapping))
     assert path.stat().st_size < 1000  # a few hundred bytes that would expand to 9**9 nodes
-    bad("check", str(path), says=f"expands to more than {MAX_NODES:,} nodes", within_s=2.0)
+    bad("check", str(path), says=f"has more than {MAX_NODES:,} nodes", within_s=2.0)
 
 
 def test_aliases_that_stay_small_still_work(tmp_path):
@@ -164,8 +165,8 @@ def test_an_internal_error_exits_3_on_one_line(monkeypatch):
         code == 3
         and err == "labkit: internal error: RuntimeError: planner bug (rerun with --debug for the traceback)\n"
     )
-    with pytest.raises(RuntimeError, match="planner bug"):
-        cli.main(["--debug", "plan"])
+    code, _, err, _ = run("--debug", "plan")  # the traceback, and still the internal-error code
+    assert code == 3 and "Traceback" in err and "RuntimeError: planner bug" in err
 
 
 def test_verls_messages_stay_on_one_line():
@@ -182,3 +183,109 @@ def test_verls_messages_stay_on_one_line():
     long_lines = [line for line in out.splitlines() if len(line) > 200]
     assert code == 1 and long_lines, out
     assert all(not line.startswith(" " * 10) for line in out.splitlines()), "a wrapped continuation line"
+
+
+# ---- the hostile-user reproducers: each failed (internal error, silent pass, wrong exit code) before its fix ----
+NINES = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("memory", "--gpu-memory", "0.5"), "a GPU's capacity is 1 GiB to 1 PiB"),
+        (("memory", "--gpu-memory", "1" + "0" * 400), "--gpu-memory: cannot read"),
+        (("memory", "--gpu", ""), "--gpu: an empty name"),
+        (("memory", "--gpu=--"), "--gpu needs a value"),
+        (("memory", "--margin", "nan"), "--margin: nan GiB"),
+        (("check", f"data.train_batch_size={NINES}"), "a value YAML cannot convert"),
+        (
+            (
+                "check",
+                "--profile",
+                "legacy",
+                "data.train_batch_size=9223372036854775808",
+                "trainer.n_gpus_per_node=1",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                "actor_rollout_ref.rollout.n=4",
+            ),
+            "labkit reads sizes up to 2**48",
+        ),
+        (("check", "--lengths", "nope"), "--lengths 'nope': expected a length profile"),
+        (("check", "--lengths", "nan"), "expected a length profile"),
+        (("check", "--lengths", "-5"), "expected a length profile"),
+        (("check", "--lengths", "1e9"), "expected a length profile"),
+        (("check", "--lengths", ""), "--lengths is empty"),
+        (("check", "--lengths", "1,2,0"), "each length must be a positive integer"),
+        (("plan", "--bogus"), "unrecognized arguments: --bogus"),
+    ],
+)
+def test_hostile_options_and_values_get_one_line_and_exit_2(argv, says):
+    bad(*argv, says=says, within_s=3.0)
+
+
+def test_check_validates_lengths_even_when_verl_rejects_the_config():
+    """``check`` used to exit 0 with "verl accepts" for --lengths nope, and to skip --lengths when verl rejects."""
+    accepted = (
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.n=4",
+        *GRPO,
+    )
+    assert run("check", *accepted)[0] == 0
+    bad("check", *accepted, "--lengths", "nope", says="--lengths 'nope'")
+    bad("check", "--lengths", "nope", says="--lengths 'nope'")  # verl rejects the default config (E7)
+
+
+def test_a_yaml_tag_that_cannot_convert_is_an_input_error(tmp_path):
+    path = tmp_path / "tag.yaml"
+    path.write_text("data:\n  train_batch_size: !!int abc\n")
+    bad("check", str(path), says="a value YAML cannot convert")
+    path.write_text('data:\n  train_batch_size: !!int ""\n')
+    bad("check", str(path), says="a value YAML cannot convert")
+
+
+def test_a_plan_past_a_mesh_verl_cannot_build_is_not_an_internal_error():
+    code, out, err, _ = run(
+        "plan",
+        "trainer.nnodes=256",
+        "actor_rollout_ref.rollout.pipeline_model_parallel_size=512",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4096",
+        "actor_rollout_ref.rollout.max_num_seqs=24",
+        "--lengths",
+        "gsm8k-like",
+    )
+    assert code in (0, 1) and "internal error" not in err, err
+
+
+def test_messages_quote_at_most_a_clipped_piece_of_the_input():
+    err = bad("check", "a" * 100_000 + "=1", says="unknown key")
+    assert len(err) < 700 and re.search(r"…\(100,0\d\d characters\)", err), err
+    err = bad("check", "--lengths", "x" * 15_000, says="--lengths")
+    assert len(err) < 700
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("".join(f"k{i}: {i}\n" for i in range(150_000)), "lines or ':' / ',' separators"),
+        ("{" + ", ".join(f"k{i}: {i}" for i in range(60_000)) + "}", "lines or ':' / ',' separators"),
+        ("a: [" + ",".join(["1"] * 99_000) + "]", "lines or ':' / ',' separators"),
+    ],
+)
+def test_large_documents_are_refused_in_linear_time(tmp_path, text, says):
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    bad("check", str(path), says=says, within_s=1.0)
+
+
+def test_a_document_at_the_line_cap_answers_within_a_second(tmp_path):
+    from labkit.config.yaml_input import MAX_LINES
+
+    path = tmp_path / "cap.yaml"
+    path.write_text("".join(f"k{i}: {i}\n" for i in range(MAX_LINES - 1)))
+    start = time.perf_counter()
+    code, _, err, _ = run("check", str(path))
+    assert code == 2 and time.perf_counter() - start < 1.0, err

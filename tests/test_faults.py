@@ -236,3 +236,45 @@ def test_nothing_outlives_a_killed_driver(launcher, signum, tmp_path):
         for pid in tree:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_close_with_a_stopped_rank_kills_it_at_once():
+    """A stopped rank cannot take SIGTERM: close() kills it without the 2 s SIGTERM wait, within graceful_s (3 s)
+    and a second."""
+    wg = WorkerGroup(DemoWorker, 2, launcher="local", timeout_s=60, collective_timeout_s=COLL_S)
+    os.kill(wg.pids[1], signal.SIGSTOP)
+    start = time.monotonic()
+    wg.close()
+    assert time.monotonic() - start < 3.0 + 1.0
+    assert not os.path.exists(wg.group_dir)
+
+
+DRIVER = """
+import os, sys
+from labkit.runtime.demo_worker import DemoWorker
+from labkit.runtime.worker_group import WorkerGroup
+if __name__ == "__main__":
+    wg = WorkerGroup(DemoWorker, 1, launcher="local", timeout_s=60)
+    print(wg.group_dir, flush=True)
+    os._exit(0)  # no close(), no atexit: the folder is abandoned
+"""
+
+
+def test_an_abandoned_group_folder_is_swept_by_the_next_start(tmp_path):
+    """A driver that ends with os._exit(0) leaves its group folder; the next labkit group start in the same temp
+    folder removes it (its driver's pid is gone) and leaves a live driver's folder alone."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    abandoned = out.stdout.strip().splitlines()[-1]
+    assert os.path.isdir(abandoned), out.stderr[-500:]
+    mine = tempfile.mkdtemp(prefix=f"labkit-group-{os.getpid()}-", dir=tmp_path)  # a live driver's folder
+    code = "from labkit.runtime import rank_files; print(rank_files.sweep_abandoned())"
+    swept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert abandoned in swept.stdout and not os.path.exists(abandoned), swept.stderr[-500:]
+    assert os.path.isdir(mine)
+    os.rmdir(mine)

@@ -65,3 +65,14 @@ def test_random_hostile_configs_always_get_an_answer():
                 problems.append((code, round(took, 1), err.strip()[:200], argv))
     assert not problems, "\n".join(map(str, problems[:10]))
     assert {0, 1, 2} <= codes  # the fuzzer reaches accepted, rejected and unreadable configs
+
+
+def test_every_entry_fuzzed_answers_on_one_line_in_bounded_time():
+    """scripts/fuzz_inputs.py over every entry a user reaches (overrides, YAML files, each option, launch scripts,
+    logs, the dashboard's text box): exit 0/1/2, one line for 2, JSON without NaN, no exception. The nightly size
+    (10,000 cases) holds each answer to 2 s on quiet cores; beside a second test process the bound is wider."""
+    from fuzz_inputs import problems
+
+    found, ran = problems(int(os.environ.get("LABKIT_FUZZ_CASES", "400")), SEED, bound_s=BOUND_S)
+    assert len(ran) == 6 and min(ran.values()) > 20, ran
+    assert not found, "\n".join(map(str, found[:10]))

@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from labkit.config.messages import InputError
+
 PROFILES_FILE = Path(__file__).resolve().parents[2] / "data" / "length_profiles.json"
 
 
-class LengthsError(ValueError):
+class LengthsError(InputError):
     """Lengths labkit cannot use: unknown profile, wrong count, a length outside [1, rollout width]."""
 
 
@@ -37,14 +39,30 @@ def profile_names() -> list[str]:
     return list(_load())
 
 
-def parse_lengths(text: str) -> list[int] | str:
-    """CLI form: ``"800,6500,1200"`` -> a list of ints; anything else is taken as a profile name."""
+MAX_LENGTHS = 1_000_000
+"""The most explicit lengths labkit takes (one per sample of a step)."""
+
+
+def parse_lengths(text: str | list[int]) -> list[int] | str:
+    """CLI form, validated once where it is read: ``"800,6500,1200"`` -> positive ints; else a known profile
+    name. LengthsError for anything else (a list is returned as it is: already read)."""
+    if isinstance(text, list):
+        return text
     text = text.strip()
-    if "," in text or text.isdigit():
-        try:
-            return [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise LengthsError(f"--lengths {text!r}: expected a profile name or comma-separated integers.") from None
+    if not text:
+        raise LengthsError(f"--lengths is empty; use a profile ({', '.join(_load())}) or L1,L2,...")
+    if text[0].isdigit() and (text.replace(",", "").replace(" ", "").isdigit()):
+        parts = [x.strip() for x in text.split(",") if x.strip()]
+        if len(parts) > MAX_LENGTHS:
+            raise LengthsError(f"--lengths: {len(parts):,} lengths; labkit takes at most {MAX_LENGTHS:,}.")
+        out = [int(x[:12]) if len(x) <= 12 else 10**12 for x in parts]
+        if not out or min(out) < 1:
+            raise LengthsError(f"--lengths {text!r}: each length must be a positive integer.")
+        return out
+    if text not in _load():
+        raise LengthsError(
+            f"--lengths {text!r}: expected a length profile ({', '.join(_load())}) or comma-separated positive integers."
+        )
     return text
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from labkit.config.hydra_overrides import HydraError, parse_override
 from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
+from labkit.config.messages import InputError
 from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, load_yaml, read_config_text
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -39,7 +40,11 @@ def _override_value(raw: str) -> Any:
     return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
-class ConfigError(ValueError):
+MAX_SIZE = 2**48
+"""The largest integer a key may hold: beyond it no GPU, batch or index is real (and numpy's index type ends)."""
+
+
+class ConfigError(InputError):
     """A config labkit cannot read: unknown key, wrong type, out-of-range size, malformed YAML."""
 
 
@@ -86,6 +91,8 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
         else:
             out = None
         if out is not None:
+            if abs(out) > MAX_SIZE:
+                raise ConfigError(f"{origin}: '{key.path}' is {out:.3g}; labkit reads sizes up to 2**48.")
             if key.minimum is not None and out < key.minimum:
                 raise ConfigError(f"{origin}: '{key.path}' must be >= {int(key.minimum)}, got {out}.")
             return out

@@ -17,14 +17,18 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 MAX_FILE_BYTES = 4 * 2**20  # a verl config is a few tens of KB
 MAX_NODES = 100_000  # YAML nodes after alias expansion
 MAX_DEPTH = 64  # nesting levels (verl's own config is under 10 deep)
+MAX_LINES = 5_000  # lines, or ':' / ',' separators (verl's whole generated ppo_trainer.yaml is under 1,000 lines)
 
 
 class YamlInputError(ValueError):
     """Input labkit refuses to read; the message says why (the caller prefixes the file or override)."""
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects a key repeated in one mapping, as OmegaConf's loader does."""
+_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: linear time up to the size cap
+
+
+class _Loader(_BASE):  # type: ignore[misc, valid-type]
+    """SafeLoader (libyaml's when built) that rejects a key repeated in one mapping, as OmegaConf's loader does."""
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict:
         keys: set[str] = set()
@@ -63,7 +67,7 @@ def _expanded_size(node: Node, depth: int = 0, sizes: dict[int, int] | None = No
     for child in children:
         total += _expanded_size(child, depth + 1, sizes, open_)
         if total > MAX_NODES:
-            raise YamlInputError(f"expands to more than {MAX_NODES:,} nodes (aliases that multiply)")
+            raise YamlInputError(f"has more than {MAX_NODES:,} nodes (each alias counted as often as it is used)")
     open_.discard(key)
     sizes[key] = total
     return total
@@ -72,6 +76,12 @@ def _expanded_size(node: Node, depth: int = 0, sizes: dict[int, int] | None = No
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load`` with duplicate keys rejected and the document's expanded size and depth bounded.
     Raises YamlInputError (bounds) or yaml.YAMLError (syntax, duplicate keys)."""
+    lines, separators = text.count("\n"), max(text.count(":"), text.count(","))
+    if max(lines, separators) > MAX_LINES:  # linear: refused before the parser builds a node
+        raise YamlInputError(
+            f"has {max(lines, separators):,} lines or ':' / ',' separators; labkit reads up to {MAX_LINES:,} (verl's "
+            "whole config has under 1,000 lines)"
+        )
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -81,6 +91,15 @@ def load_yaml(text: str) -> Any:
         return loader.construct_document(node)
     except RecursionError:
         raise YamlInputError("nested too deeply to parse") from None
+    except YamlInputError:
+        raise
+    except yaml.YAMLError as exc:  # libyaml's own depth limit says so in its words; labkit says it in its own
+        if "maximum nesting depth" in str(exc):
+            raise YamlInputError("nested too deeply to parse") from None
+        raise
+    except (ValueError, OverflowError, IndexError, TypeError, KeyError, AttributeError) as exc:  # a scalar its tag
+        # cannot convert: !!int abc, !!int "", 5,000 digits
+        raise YamlInputError(f"a value YAML cannot convert ({str(exc)[:160]})") from None
     finally:
         loader.dispose()
 

@@ -63,4 +63,6 @@ def run(ns: argparse.Namespace) -> int:
     if note:
         d.lines.insert(0, note)
     print(json.dumps(d.to_dict(), default=str) if ns.json else d.text())
+    if d.exit_code == 2:
+        print(f"labkit: {ns.log}: no failure and no config labkit reads in this log", file=sys.stderr)
     return d.exit_code

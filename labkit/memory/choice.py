@@ -10,6 +10,10 @@ from labkit.config.verl_config import ConfigError
 from labkit.memory.headroom import gpu_settings
 from labkit.memory.model_source import model_for
 from labkit.memory.settings import MemorySettings
+from labkit.memory.shapes import gpu_names
+
+MIN_CAPACITY, MAX_CAPACITY = 2**30, 2**50
+MAX_MARGIN_GIB = 10**6
 
 
 def settings_for(
@@ -22,8 +26,12 @@ def settings_for(
     """The settings ``labkit memory`` and the dashboard price: ``model`` (None: the one
     ``actor_rollout_ref.model.path`` names), GPU ``gpu_name`` (None: an H100 80 GB) at its reported capacity unless
     ``capacity`` is given, the margin in GiB (None: data/gpus.json's). ConfigError (one line) otherwise."""
-    if margin_gib is not None and margin_gib < 0:
-        raise ConfigError(f"--margin: {margin_gib} GiB; use a number >= 0")
+    if margin_gib is not None and not 0 <= margin_gib <= MAX_MARGIN_GIB:  # NaN fails both
+        raise ConfigError(f"--margin: {margin_gib} GiB; use a number from 0 to {MAX_MARGIN_GIB:,}")
+    if gpu_name is not None and not gpu_name.strip():
+        raise ConfigError("--gpu: an empty name; use one of " + ", ".join(gpu_names()))
+    if capacity is not None and not MIN_CAPACITY <= capacity <= MAX_CAPACITY:
+        raise ConfigError(f"--gpu-memory: {capacity:,} bytes; a GPU's capacity is 1 GiB to 1 PiB (e.g. 80GiB, 141GB)")
     try:
         g = gpu_settings(cfg, gpu_name, capacity, margin_gib)
     except KeyError as exc:

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
@@ -71,11 +72,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def parse_bytes(text: str) -> int:
-    """``80GiB`` / ``141GB`` / ``85899345920`` as bytes (ConfigError otherwise)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in UNITS or float(m.group(1)) <= 0:
+    """``80GiB`` / ``141GB`` / ``85899345920`` as bytes, exact (ConfigError for anything else; the range is
+    ``labkit.memory.choice.settings_for``'s)."""
+    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([A-Za-z]*)\s*", str(text)[:200])
+    if not m or m.group(2).lower() not in UNITS:
         raise ConfigError(f"--gpu-memory: cannot read {text!r}; use e.g. 80GiB, 141GB or a byte count.")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    return int(Decimal(m.group(1)) * UNITS[m.group(2).lower()])
 
 
 HEADS = {

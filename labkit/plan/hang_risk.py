@@ -117,8 +117,10 @@ def _stage_batches(trace: Any, stage: str) -> list[list[list[int]]]:
 
 
 def trace_risks(trace: Any, lengths: Sequence[int], budgets: dict[str, int], width: int | None) -> list[HangRisk]:
-    """(a), (b) on every dynamic stage of a planned step, and (c) wherever the plan meets split(0) (X2)."""
+    """(a), (b) on every dynamic stage of a planned step, and (c) wherever the plan meets split(0) (X2). The rows'
+    lengths are the plan's own (``trace.row_lengths``: v1 reorders and pads them) when it has them."""
     out: list[HangRisk] = []
+    lengths = trace.row_lengths if getattr(trace, "row_lengths", None) else lengths
     for stage, budget in budgets.items():
         for call in _stage_batches(trace, stage):
             per_rank = [[int(lengths[i]) for i in ids] for ids in call]

@@ -202,6 +202,7 @@ def _plan(
                     stop = f"verl stops here: {fail.exc_type} {fail.message}"
                     rec.note = stop + (f"; {rec.note}" if rec.note else "")
     _summarize(ctx, tr)
+    tr.row_lengths = None if ctx.lengths is None else list(ctx.lengths)
     tr.summary["stage_errors"] = ctx.errors
     try:
         findings, report = findings_of(cfg, None if ctx.lengths is None else max(ctx.lengths))

@@ -64,6 +64,8 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     ):  # ≤v0.5 DP_COMPUTE_PROTO chunks by W before the worker runs
         raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
     chunks = ctx.dp_chunks(D)
+    if not all(chunks):  # fewer rows than DP ranks (a config verl stops at start-up): no dispatch can feed them
+        raise fail_chunk(ctx.geo.samples, D)
     rows = ctx.geo.samples // D
     even = all(len(c) == rows for c in chunks)  # v1's TransferQueue chunks may be uneven (k ≠ the actor's D)
     rec.per_rank_rows = rows if even else None
@@ -209,6 +211,8 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     if ctx.dispatch == "all_gather" and ctx.geo.samples % ctx.geo.world_size:  # ≤v0.5 DP_COMPUTE_PROTO chunks by W
         raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
     chunks = ctx.dp_chunks(D)
+    if not all(chunks):  # fewer rows than DP ranks, as in forward_stage
+        raise fail_chunk(ctx.geo.samples, D)
     rows = ctx.geo.samples // D
     rec.per_rank_rows = rows
     minis = split(rows)

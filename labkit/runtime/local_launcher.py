@@ -358,7 +358,8 @@ class LocalLauncher:
         return out
 
     def close(self, graceful_s: float = 3.0) -> list[dict]:
-        """Ask every rank to destroy its process group, then terminate/kill whatever is still alive."""
+        """Ask every rank to destroy its process group, then terminate/kill whatever is still alive: within
+        ``graceful_s`` + 2 s per rank that ignores SIGTERM (a stopped rank is killed at once, so it costs none)."""
         reports: dict[int, dict] = {}
         for rank, outbox in enumerate(self.outboxes[: len(self.procs)]):  # a spawn that failed partway has fewer
             if self.procs[rank].is_alive():
@@ -375,7 +376,7 @@ class LocalLauncher:
                     break
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
+            if proc.is_alive() and process_state(proc.pid) not in ("T", "t"):  # a stopped rank cannot take SIGTERM
                 proc.terminate()
                 proc.join(2.0)
             if proc.is_alive():

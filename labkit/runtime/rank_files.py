@@ -18,8 +18,31 @@ _ALLOWED = ("/dev/shm/",)
 
 
 def new_group_dir() -> str:
-    """A fresh folder for one worker group (driver side)."""
+    """A fresh folder for one worker group (driver side), after sweeping the folders of drivers that are gone."""
+    sweep_abandoned()
     return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+
+
+def _driver_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_abandoned() -> list[str]:
+    """The folders (and what their ranks registered) of drivers that exited without closing their groups (killed,
+    ``os._exit``): a folder is abandoned when the pid in its name is gone. Another live driver's are left alone."""
+    removed = []
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*")):
+        pid = os.path.basename(folder)[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _driver_alive(int(pid)):
+            removed += sweep(folder)
+            removed.append(folder)
+    return removed
 
 
 def group_dir() -> str | None:
