@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
                 else ""
             ),
         )
+        if name in ("check", "plan"):
+            s.add_argument(
+                "--step",
+                type=int,
+                default=None,
+                metavar="N",
+                help="verl's global step (1 = the first; the actor updates from trainer.critic_warmup on): plan that "
+                "step; check steps 1..N (default: every step)",
+            )
         if name == "check":
             s.add_argument("--seed", type=int, default=0, help="first seed of the drawn length profiles")
         if name == "memory":
@@ -89,7 +98,25 @@ def _parser() -> argparse.ArgumentParser:
                 help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather",
             )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
-            s.add_argument("--model", default="tiny-qwen2", help="model shape for bytes_predicted (labkit memory)")
+            s.add_argument(
+                "--failed-sessions",
+                default=None,
+                metavar="I,J,..|rate=R",
+                help="v1: agent-loop sessions that failed (trajectory indices p·n + session, or a rate drawn with "
+                "--seed); the replay buffer keeps their groups' survivors",
+            )
+            s.add_argument(
+                "--completion-order",
+                default=None,
+                metavar="submission|random:SEED|I,J,..",
+                help="v1: the order the surviving sessions finished in (default: submission order)",
+            )
+            s.add_argument(
+                "--model",
+                default=None,
+                help="model shape for bytes_predicted and the rollout engine (default: the one "
+                "actor_rollout_ref.model.path names, else labkit's tiny CPU model, said so)",
+            )
     doc = "the arguments a launch script passes to verl's entry point, read as bash reads it (never run)"
     s = sub.add_parser("read", help=doc, description=doc)
     s.add_argument("script", metavar="SCRIPT|-", help="a launch script, or - for standard input")
@@ -113,6 +140,9 @@ def _read_options(ns: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} needs a value")
     if getattr(ns, "lengths", None) is not None:
         ns.lengths = parse_lengths(ns.lengths)
+    step = getattr(ns, "step", None)
+    if step is not None and not 1 <= step <= 10**9:
+        raise ConfigError(f"--step must be a global step from 1 (verl's first) to 10**9, got {step}")
     seed = getattr(ns, "seed", 0)
     if not 0 <= seed < 2**32:
         raise ConfigError(f"--seed must be a non-negative integer, got {seed} (at most 2**32 - 1)")
@@ -228,13 +258,35 @@ def _console(soft_wrap: bool = False) -> Console:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from labkit.plan.step import plan
+    from labkit.plan.sessions import failed_from, order_from
+    from labkit.plan.step import PlanTooLarge, plan
+    from labkit.rules.geometry import BatchGeometry
 
     cfg = _config(ns.args, ns.profile, ns.set)
-    tr = plan(cfg, ns.lengths, dispatch=ns.dispatch, seed=ns.seed)
-    memory_command.fill_trace(tr, cfg, ns.model)
-    engine = _engine_plan(cfg, ns.model)
+    step = ns.step or 1
+    try:
+        geo = BatchGeometry.from_config(cfg, step)
+        sessions = ns.failed_sessions or ns.completion_order
+        if sessions and geo.loop != "v1":
+            raise ValueError("--failed-sessions and --completion-order apply to the v1 loop (trainer.use_v1=true)")
+        if sessions and geo.too_large_to_plan():
+            raise PlanTooLarge(geo.too_large_to_plan())
+        failed = failed_from(ns.failed_sessions, geo.generated_samples, ns.seed) if sessions else []
+        alive = sorted(set(range(geo.generated_samples)) - set(failed)) if ns.completion_order else []
+        order = order_from(ns.completion_order, alive) if ns.completion_order else None
+        tr = plan(
+            cfg, ns.lengths, dispatch=ns.dispatch, seed=ns.seed, completion_order=order, global_step=step,
+            failed_sessions=failed,
+        )  # fmt: skip
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from None
+    model, whose = _plan_model(cfg, ns.model)
+    memory_command.fill_trace(tr, cfg, model)
+    engine = _engine_plan(cfg, model)
     tr.summary["rollout_engine"] = engine if isinstance(engine, str) else engine.as_dict()
+    tr.summary["model"] = {"name": model, "why": whose}
     if ns.json:
         print(tr.to_json())
         return 0
@@ -242,8 +294,22 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     con.print(stage_table(tr))
     con.print(rank_table(tr))
     con.print(summary_table(tr))
-    con.print(engine_table(engine))
+    con.print(engine_table(engine, f"{model}, {whose}"))
     return 0
+
+
+def _plan_model(cfg: Any, explicit: str | None) -> tuple[str, str]:
+    """The model ``labkit plan`` sizes bytes and the engine for, and why: --model, the config's model.path, or
+    labkit's tiny CPU model when the path names no shape labkit knows (said so)."""
+    from labkit.memory.model_source import PATH_KEY, model_for
+
+    if explicit:
+        return model_for(cfg, explicit).name, "--model"
+    try:
+        return model_for(cfg).name, f"from {PATH_KEY}"
+    except ConfigError:
+        path = str(cfg.get(PATH_KEY) or "")[:80]
+        return "tiny-qwen2", f"labkit's tiny CPU model: {PATH_KEY}={path!r} names no shape labkit knows (--model)"
 
 
 def _engine_plan(cfg: Any, model: str) -> Any:
@@ -263,9 +329,10 @@ def _engine_plan(cfg: Any, model: str) -> Any:
         return str(exc)
 
 
-def engine_table(engine: Any) -> Table:
-    """Each rollout key of the engine and what it became on this machine (or why the engine cannot start)."""
-    t = Table(title="Rollout engine on this machine")
+def engine_table(engine: Any, model: str = "") -> Table:
+    """Each rollout key of the engine and what it became on this machine (or why the engine cannot start), for
+    ``model`` (named in the title: the rows are about that model)."""
+    t = Table(title=f"Rollout engine on this machine ({escape(model)})" if model else "Rollout engine on this machine")
     t.add_column("rollout key", style="bold")
     t.add_column("value")
     t.add_column("became", overflow="fold")
@@ -302,7 +369,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     cfg = _config(ns.args, ns.profile, ns.set)
     from labkit.validate.report import check
 
-    report = check(cfg)
+    report = check(cfg, global_step=ns.step)
     con = _console(soft_wrap=True)
     first = report.first_error
     notes = [f for f in report.findings if f.severity != "error"]
@@ -317,7 +384,11 @@ def cmd_check(ns: argparse.Namespace) -> int:
         return 1
     try:
         planned = plan(cfg)
-        errors = planned.summary.get("stage_errors") or {}
+        errors, at = planned.summary.get("stage_errors") or {}, "the first step"
+        warmup = cfg.get("trainer.critic_warmup")
+        if not errors and warmup > 1 and (ns.step is None or ns.step >= warmup):  # the first actor update
+            errors = plan(cfg, global_step=warmup).summary.get("stage_errors") or {}
+            at = f"step {warmup}, the first with an actor update (trainer.critic_warmup)"
     except PlanTooLarge as exc:
         con.print(
             f"[green]verl's start-up checks accept this config[/green] ({_label(cfg)}); the first step "
@@ -325,7 +396,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         )
         return 0
     if errors:
-        con.print(f"verl accepts the config, then stops during the first step ({_label(cfg)}):")
+        con.print(f"verl accepts the config, then stops during {at} ({_label(cfg)}):")
         for stage, err in errors.items():
             con.print(f"  at {stage}: {err['exc_type']} ({err['code']}): {err['message']}", markup=False)
             _print_docs(con, err["code"])
@@ -338,13 +409,17 @@ def cmd_check(ns: argparse.Namespace) -> int:
     return 0
 
 
+HANG_DRAW_S = 1.0
+"""How long ``check --lengths PROFILE`` draws length sets for the hang warnings (at least 8 are drawn)."""
+
+
 def _print_hang_risks(con: Console, cfg: Any, ns: argparse.Namespace, planned: StepTrace | None) -> None:
     """Warnings of the hangs (a)-(c) this config (with --lengths) can meet (labkit.plan.hang_risk)."""
     from labkit.plan.hang_risk import config_risks
     from labkit.plan.step import PlanTooLarge
 
     try:
-        risks = config_risks(cfg, ns.lengths, seed=ns.seed, trace=planned)
+        risks = config_risks(cfg, ns.lengths, seed=ns.seed, trace=planned, time_budget_s=HANG_DRAW_S)
     except PlanTooLarge:  # a step too large to plan per rank: no per-rank prediction
         return
     for risk in risks:

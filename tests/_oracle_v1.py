@@ -72,7 +72,7 @@ def _stub(job: dict) -> types.SimpleNamespace:
     stub = types.SimpleNamespace(
         config=config,
         use_critic=job["critic_mini"] is not None,
-        global_steps=1,
+        global_steps=job.get("step", 1),
         actor_rollout_ref=None,
         actor_rollout_wg=types.SimpleNamespace(_dispatch_info={"actor": list(range(job["dp"]))}),
         tokenizer=types.SimpleNamespace(eos_token_id=EOS),
@@ -117,13 +117,21 @@ def balance(job: dict) -> dict:
 
 
 def replay(job: dict) -> dict:
-    """The sync replay buffer's batch for B finished groups whose trajectories registered in ``order``."""
-    listing = {f"u{p}": {"is_prompt": True, "status": "finished", "global_steps": 1} for p in range(job["prompts"])}
+    """The sync replay buffer's batch for B terminal groups whose surviving trajectories registered in ``order``
+    (a group with a failed session is tagged "failure", as the agent loop tags it); verl's error when none has any."""
+    failed = set(job.get("failed_groups", []))
+    listing = {
+        f"u{p}": {"is_prompt": True, "status": "failure" if p in failed else "finished", "global_steps": 1}
+        for p in range(job["prompts"])
+    }
     for p, s in job["order"]:
         listing[f"u{p}_{s}_0"] = {"status": "success", "global_steps": 1}
     replay_buffer.tq = FakeStore({}, {"train": listing})
     buf = replay_buffer.ReplayBuffer("sync", OmegaConf.create({}), None, "drop", OmegaConf.create({}))
-    batch, _ = buf.sample(global_steps=1, partition_id="train", batch_size=job["prompts"])
+    try:
+        batch, _ = buf.sample(global_steps=1, partition_id="train", batch_size=job["prompts"])
+    except RuntimeError as exc:
+        return {"error": ["RuntimeError", str(exc)]}
     return {"keys": list(batch.keys)}
 
 

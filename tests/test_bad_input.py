@@ -210,10 +210,10 @@ NINES = "9" * 5000
             ),
             "labkit reads sizes up to 2**48",
         ),
-        (("check", "--lengths", "nope"), "--lengths 'nope': expected a length profile"),
-        (("check", "--lengths", "nan"), "expected a length profile"),
-        (("check", "--lengths", "-5"), "expected a length profile"),
-        (("check", "--lengths", "1e9"), "expected a length profile"),
+        (("check", "--lengths", "nope"), "unknown length profile 'nope'"),
+        (("check", "--lengths", "nan"), "unknown length profile"),
+        (("check", "--lengths", "-5"), "unknown length profile"),
+        (("check", "--lengths", "1e9"), "unknown length profile"),
         (("check", "--lengths", ""), "--lengths is empty"),
         (("check", "--lengths", "1,2,0"), "each length must be a positive integer"),
         (("plan", "--bogus"), "unrecognized arguments: --bogus"),
@@ -235,8 +235,8 @@ def test_check_validates_lengths_even_when_verl_rejects_the_config():
         *GRPO,
     )
     assert run("check", *accepted)[0] == 0
-    bad("check", *accepted, "--lengths", "nope", says="--lengths 'nope'")
-    bad("check", "--lengths", "nope", says="--lengths 'nope'")  # verl rejects the default config (E7)
+    bad("check", *accepted, "--lengths", "nope", says="unknown length profile 'nope'")
+    bad("check", "--lengths", "nope", says="unknown length profile 'nope'")  # verl rejects the default config (E7)
 
 
 def test_a_yaml_tag_that_cannot_convert_is_an_input_error(tmp_path):

@@ -31,8 +31,9 @@ def test_rank_risks_name_a_and_b_with_the_counts_that_trigger_them():
     kinds = {r.kind: r for r in rank_risks([HEAVY, LIGHT[:2]], BUDGET, "old_log_prob")}
     assert set(kinds) == {"a", "b"} and kinds["b"].counts == [3, 3] and kinds["b"].rows == [4, 2]
     assert "dp_rank(s) [1] hold [2] rows" in kinds["b"].trigger
-    # engine: the group count is synced too, so every rank raises E35 together: an error, not a hang
-    assert {r.kind for r in rank_risks([HEAVY, LIGHT[:2]], BUDGET, "old_log_prob", "engine")} == {"a"}
+    # engine: the count is always MAX-synced over the DP group it passes (no (a)) and the group count is synced too,
+    # so every rank raises E35 together (no (b)): an error, not a hang
+    assert rank_risks([HEAVY, LIGHT[:2]], BUDGET, "old_log_prob", "engine") == []
     assert rank_risks([HEAVY, HEAVY], BUDGET, "old_log_prob") == []
 
 
@@ -88,3 +89,36 @@ def test_labkit_check_prints_the_hang_warnings(capsys):
     assert "warning: hang (c) at old_log_prob" in capsys.readouterr().out
     assert main(["check", *base, *dyn, "--profile", "legacy"]) == 0  # no lengths: nothing to warn about
     assert "warning" not in capsys.readouterr().out
+
+
+def test_check_warns_only_of_the_hangs_of_the_profile_it_checks_and_answers_fast():
+    """An engine verdict printed 0.7.1-only (a) warnings and took 20 s on an 8-GPU 7B config with 8k responses:
+    the engine syncs the count over its DP group, so it draws nothing; legacy draws within its time budget."""
+    import contextlib
+    import io
+    import time
+
+    from labkit.cli import main
+
+    argv = [
+        "check",
+        "trainer.n_gpus_per_node=8",
+        "data.train_batch_size=1024",
+        "actor_rollout_ref.rollout.n=5",
+        "data.max_response_length=8192",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "algorithm.adv_estimator=grpo",
+        "--lengths",
+        "long-reasoning",
+    ]
+    for profile, bound in (("engine", 2.0), ("legacy", 4.0)):
+        out = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(out):
+            main([*argv, "--profile", profile])
+        took = time.perf_counter() - start
+        warned = "hang (a)" in out.getvalue()
+        assert took < bound and warned == (profile == "legacy"), (profile, took, out.getvalue()[-600:])

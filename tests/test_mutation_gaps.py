@@ -458,18 +458,18 @@ def test_engine_critic_ignores_forward_micro_batch_size():
     assert "N3" in [c for c, *_ in findings(FWD_CASES[1])]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known labkit gap, left for a fidelity fix (the layout change keeps behaviour): verl 0.7.1's CriticWorker "
-    "floor-divides forward_micro_batch_size even when it is null -> TypeError at worker init; labkit "
-    "falls back to forward_micro_batch_size_per_gpu and reports X3 at step 1",
-)
 def test_legacy_null_forward_micro_batch_size_fails_at_worker_init_like_verl071():
+    """verl 0.7.1's CriticWorker floor-divides forward_micro_batch_size even when it is null: X8 at worker init."""
     cfg = cfg_of(FWD_BASE + FWD_CASES[0] + [f"{C}.forward_micro_batch_size=null"], "legacy")
     verl = outcome(_verl071_critic_normalise, cfg)
     assert verl == ("TypeError", "unsupported operand type(s) for //=: 'NoneType' and 'int'")
     first = check(cfg, fixes=False).first_error
-    assert (first.when, first.exc_type, first.message) == ("worker init", *verl)
+    assert (first.code, first.when, first.exc_type, first.message) == ("X8", "worker init", *verl)
+    dynamic = cfg_of(
+        FWD_BASE + FWD_CASES[0] + [f"{C}.forward_micro_batch_size=null", f"{C}.use_dynamic_bsz=true"], "legacy"
+    )
+    assert outcome(_verl071_critic_normalise, dynamic) == verl  # the division does not look at use_dynamic_bsz
+    assert check(dynamic, fixes=False).first_error.code == "X8"
 
 
 # ---- 5. DataProto.union: NaN against a number in object arrays ----------------------------------------------------

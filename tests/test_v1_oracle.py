@@ -34,14 +34,17 @@ def _random_case(rng: random.Random) -> dict | None:
     D, n, B = W // sp, rng.randint(1, 8), rng.randint(1, 24)
     M = rng.randint(1, B)
     critic = rng.choice([None, None, rng.randint(1, B)])
-    warm = rng.choice([0, 0, 1, 2])
-    multiple = math.lcm(D, *([critic * n] if critic else []), *([M * n] if warm <= 1 else []))
-    if B * n + (-(B * n) % multiple) > MAX_ROWS:
+    warm = rng.choice([0, 0, 1, 2, rng.randint(3, 6)])
+    step = rng.randint(1, warm + 5)  # steps 1..critic_warmup + 5: before and after the first actor update
+    failed = sorted(rng.sample(range(B * n), rng.randint(1, B * n - 1))) if B * n > 1 and rng.random() < 0.3 else []
+    alive = B * n - len(failed)
+    multiple = math.lcm(D, *([critic * n] if critic else []), *([M * n] if warm <= step else []))
+    if alive + (-alive % multiple) > MAX_ROWS:
         return None
     width = 256
     lens = [rng.choice([rng.randint(2, width), rng.randint(2, 12), 40]) for _ in range(B * n)]  # ties on purpose
-    order = list(range(B * n))
-    rng.shuffle(order)  # a completion order
+    order = [i for i in range(B * n) if i not in set(failed)]
+    rng.shuffle(order)  # a completion order of the surviving sessions
     micro = rng.choice([1, 2, 4, 5, 8])
     ov = [
         f"data.train_batch_size={B}",
@@ -67,7 +70,8 @@ def _random_case(rng: random.Random) -> dict | None:
     split = [rng.randint(1, x - 1) if x > 1 else 1 for x in lens]  # prompt/response split of each row
     rows = [[i // n, i % n, split[i], lens[i] - split[i]] for i in order]
     job = {"kind": "balance", "dp": D, "n": n, "mini": M, "critic_mini": critic, "warmup": warm, "micro": micro}
-    return {"overrides": ov, "lens": lens, "order": order, "job": {**job, "rows": rows}}
+    job["step"] = step
+    return {"overrides": ov, "lens": lens, "order": order, "step": step, "failed": failed, "job": {**job, "rows": rows}}
 
 
 def _targeted_case(rng: random.Random) -> dict:
@@ -127,11 +131,17 @@ def oracle():
         if c is not None:
             cases.append(c)
     replays = []
-    for _ in range(N_REPLAY):
+    for k in range(N_REPLAY):
         B, n = rng.randint(1, 12), rng.randint(1, 6)
         order = [[p, s] for p in range(B) for s in range(n)]
         rng.shuffle(order)
-        replays.append({"kind": "replay", "prompts": B, "order": order})
+        roll = rng.random()  # failed sessions write no row: some of them, or (every 10th case) all of them
+        lost = set(map(tuple, order)) if k % 10 == 9 else set(rng.sample(list(map(tuple, order)), len(order) // 3))
+        lost = lost if roll < 0.5 or k % 10 == 9 else set()
+        kept = [ps for ps in order if tuple(ps) not in lost]
+        replays.append(
+            {"kind": "replay", "prompts": B, "n": n, "order": kept, "failed_groups": sorted({p for p, _ in lost})}
+        )
     aggs = [_agg_case(rng) for _ in range(N_AGG)]
     chunks = [{"kind": "chunk", "rows": rng.randint(0, 60), "k": rng.randint(1, 12)} for _ in range(N_CHUNK)]
     fetches = [
@@ -177,7 +187,13 @@ def test_padding_balance_and_batches_equal_verls_v1_functions(oracle):
     padded = uneven_micro = minis_seen = micro_seen = all_padding = 0
     for case, want in oracle["balance"]:
         cfg = load_config(overrides=case["overrides"], profile="engine")
-        tr = plan(cfg, case["lens"], completion_order=case["order"])
+        tr = plan(
+            cfg,
+            case["lens"],
+            completion_order=case["order"],
+            global_step=case.get("step", 1),
+            failed_sessions=case.get("failed", []),
+        )
         s, ctx_why = tr.summary, case["overrides"]
         assert s["loop"] == "v1" and s["required_multiple"] == want["multiple"], ctx_why
         assert s["padding_rows"] == sum(k.startswith("pad_") for k in want["order"]), ctx_why
@@ -207,16 +223,26 @@ def test_padding_balance_and_batches_equal_verls_v1_functions(oracle):
 
 
 def test_replay_buffer_order_is_completion_order(oracle):
+    errors = partial = 0
     for job, want in oracle["replay"]:
-        B, n = job["prompts"], max(s for _, s in job["order"]) + 1
+        B, n = job["prompts"], job["n"]
         order = [p * n + s for p, s in job["order"]]
+        failed = sorted(set(range(B * n)) - set(order))
         ov = [f"data.train_batch_size={B}", f"{ARR}.rollout.n={n}", "trainer.n_gpus_per_node=1"]
         ov += [f"{ARR}.rollout.tensor_model_parallel_size=1", f"{ARR}.actor.ppo_mini_batch_size={B}"]
-        tr = plan(
-            load_config(overrides=ov + ["algorithm.adv_estimator=grpo"], profile="engine"), None, completion_order=order
-        )
+        cfg = load_config(overrides=ov + ["algorithm.adv_estimator=grpo"], profile="engine")
+        tr = plan(cfg, None, completion_order=order or None, failed_sessions=failed)
+        if "error" in want:  # every session failed: verl's RuntimeError, and nothing after the replay buffer
+            errors += 1
+            err = tr.summary["stage_errors"]["replay_buffer"]
+            assert [err["exc_type"], err["message"]] == want["error"]
+            assert tr.stage_names()[-1] == "replay_buffer"
+            continue
+        partial += bool(failed)
         got = [f"u{p}_{s}_0" for p, s in tr.stage("replay_buffer").extra["rows"]]
         assert got == want["keys"]
+        assert tr.summary["samples"] == len(order) + tr.summary["padding_rows"]
+    assert errors >= 10 and partial >= 30  # the failure cases were exercised
 
 
 def test_agg_loss_with_padding_rows_equals_verl(oracle):

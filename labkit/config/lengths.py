@@ -61,7 +61,8 @@ def parse_lengths(text: str | list[int]) -> list[int] | str:
         return out
     if text not in _load():
         raise LengthsError(
-            f"--lengths {text!r}: expected a length profile ({', '.join(_load())}) or comma-separated positive integers."
+            f"--lengths: unknown length profile {text!r}; known profiles: {', '.join(_load())} (or comma-separated "
+            "positive integers)."
         )
     return text
 

@@ -11,12 +11,14 @@ meet it); (c) a micro or mini size normalised to 0 (legacy): ``split(0)``, which
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from labkit.balance.micro_batches import plan_dp_micro_batches
 from labkit.plan.step import plan
+from labkit.rules.dp_sync import dp_group_passed
 
 DYNAMIC_STAGES = ("old_log_prob", "ref_log_prob", "update_actor", "values", "update_critic")
 FIX = {
@@ -26,6 +28,10 @@ FIX = {
     "to the synced count (EasyR1 PR #11012)",
     "c": "set the *_per_gpu micro size (or a global size >= the DP size) so no size normalises to 0",
 }
+
+
+MIN_DRAWS = 8
+"""Draws taken whatever the time budget (a probability over fewer says little)."""
 
 
 @dataclass
@@ -41,10 +47,16 @@ class HangRisk:
     rows: list[int] | None = None
     probability: float | None = None
     arithmetic: list[str] = field(default_factory=list)
+    draws: int | None = None
+    """The drawn length sets ``probability`` was taken over."""
 
     def line(self) -> str:
         """The warning as one line."""
-        chance = f" (probability {self.probability:.0%} over drawn lengths)" if self.probability is not None else ""
+        chance = (
+            f" (probability {self.probability:.0%} over {self.draws or 'the'} drawn length sets)"
+            if self.probability is not None
+            else ""
+        )
         return f"hang ({self.kind}) at {self.stage}: {self.title}: {self.trigger}{chance}; fix: {self.fix}"
 
 
@@ -66,7 +78,8 @@ def rank_risks(
     rows = [len(r) for r in per_rank]
     tokens = [sum(r) for r in per_rank]
     arith = [f"dp_rank {r}: {rows[r]} rows, {tokens[r]} tokens, k = {alone[r]}" for r in range(len(rows))]
-    if len(set(alone)) > 1:
+    # the engine hands rearrange_micro_batches its DP group, so the MAX sync always runs (labkit.rules.dp_sync)
+    if len(set(alone)) > 1 and not dp_group_passed(profile):
         risks.append(
             HangRisk(
                 "a",
@@ -174,12 +187,20 @@ def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
 
 
 def config_risks(
-    cfg: Any, lengths: Sequence[int] | str | None, *, draws: int = 64, seed: int = 0, trace: Any = None
+    cfg: Any,
+    lengths: Sequence[int] | str | None,
+    *,
+    draws: int = 64,
+    seed: int = 0,
+    trace: Any = None,
+    time_budget_s: float | None = None,
 ) -> list[HangRisk]:
     """Hang risks of ``cfg`` with explicit lengths, or a length profile drawn ``draws`` times (probability =
     share of draws that trigger each risk); None: only (c), which needs no lengths (``trace``: ``plan(cfg)``
-    when the caller has it already)."""
-    if lengths is None:
+    when the caller has it already). ``time_budget_s``: stop drawing once it is spent (after ``MIN_DRAWS``); each
+    risk says over how many draws its probability was taken. The engine syncs the count over its DP group: only (c)
+    can happen there, and nothing is drawn."""
+    if lengths is None or dp_group_passed(cfg.profile):  # (a) and (b) are legacy's; (c) needs no lengths
         return trace_risks(trace if trace is not None else plan(cfg), [], {}, None)
     budgets, width = stage_budgets(cfg)
     if not budgets:  # no dynamic stage: only (c) can happen
@@ -191,7 +212,11 @@ def config_risks(
 
     geo = BatchGeometry.from_config(cfg)
     hits: dict[tuple[str, str], list] = {}
+    start, done = time.perf_counter(), 0
     for k in range(draws):
+        if time_budget_s is not None and k >= MIN_DRAWS and time.perf_counter() - start > time_budget_s:
+            break
+        done += 1
         drawn = geo.lengths(lengths, seed + k)
         trace = plan(cfg, drawn)
         for risk in trace_risks(trace, drawn, budgets, width):
@@ -199,6 +224,7 @@ def config_risks(
     out = []
     for found in hits.values():
         risk = found[0]
-        risk.probability = len(found) / draws if risk.kind != "c" else None
+        risk.probability = len(found) / done if risk.kind != "c" else None
+        risk.draws = done if risk.kind != "c" else None
         out.append(risk)
     return out

@@ -124,7 +124,9 @@ def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
     Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ (normalization)."""
     m = ctx.get(key)
     dep = ctx.get(deprecated)
-    if dep is not None and ctx.profile == "legacy" and not ctx.cfg.is_set(key):
+    # the worker overwrites the *_per_gpu key whenever the deprecated one is set (E4 stops a config setting both to
+    # values); unset, the twin may interpolate the raw global value, so it is not read either
+    if dep is not None and ctx.profile == "legacy" and (not ctx.cfg.is_set(key) or m is None):
         m = dep // (
             ctx.geo.world_size // sp
         )  # the *_per_gpu twin may interpolate the raw global value; 0 stays 0 (X1/X2)
@@ -183,6 +185,10 @@ def params(ctx: Ctx, name: str) -> Params:
             if legacy
             else "unsupported operand type(s) for *: 'int' and 'NoneType'",
         )
+    elif not legacy and name == "old_log_prob" and ctx.get(dep_k) is not None and ctx.get(micro_k) is None:
+        # E3 passes (the deprecated global key is set), and the engine never normalises it: init_model's bare
+        # assert on log_prob_micro_batch_size_per_gpu stops the worker (B2)
+        missing = ("B2", "AssertionError", "")
     if ctx.geo.world_size % sp:
         raise mesh_failure(ctx.geo.world_size, sp)
     return Params(

@@ -40,9 +40,12 @@ def findings_of(cfg: Any, max_seq_len: int | None = None) -> tuple[list[dict] | 
     return [asdict(f) if is_dataclass(f) else dict(vars(f)) for f in report.findings], report
 
 
-def _steps(cfg: Any, loop: str = "v0") -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
+def _steps(
+    cfg: Any, loop: str = "v0", actor_updates: bool = True
+) -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
     """The stages of one step in the order the trainer loop runs them (legacy and v0: RayPPOTrainer.fit; v1:
-    PPOTrainer._step_once)."""
+    PPOTrainer._step_once); ``actor_updates`` False (a step before ``trainer.critic_warmup``): the actor's update
+    is skipped, as both loops skip it."""
     if loop == "v1":
         steps = [
             ("dataloader", V.dataloader),
@@ -71,7 +74,9 @@ def _steps(cfg: Any, loop: str = "v0") -> list[tuple[str, Callable[[Ctx, StepTra
     steps.append(("advantage", V.advantage if loop == "v1" else S.advantage))
     if cfg.need_critic:
         steps.append(("update_critic", lambda c, t: T.update_stage(c, t, "update_critic")))
-    steps.append(("update_actor", lambda c, t: T.update_stage(c, t, "update_actor")))
+    steps.append(
+        ("update_actor", (lambda c, t: T.update_stage(c, t, "update_actor")) if actor_updates else T.no_update)
+    )
     return steps
 
 
@@ -123,7 +128,7 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
         if recs and any(r.micro_batches for r in recs):
             s[f"{stage}_micro_batches_per_rank"] = _same([r.n_micro for r in recs])
     s["log_prob_micro_batches_per_rank"] = s.get("old_log_prob_micro_batches_per_rank")
-    if ctx.lengths is not None:
+    if ctx.lengths:
         total = sum(ctx.lengths)
         tok = {
             "total": total,
@@ -157,30 +162,42 @@ def plan(
     dispatch: str = "mesh",
     seed: int = 0,
     completion_order: Sequence[int] | None = None,
+    global_step: int = 1,
+    failed_sessions: Sequence[int] = (),
 ) -> StepTrace:
     """Predict one training step of ``cfg`` (a ``labkit.config.verl_config.VerlConfig``) per stage and per rank.
 
     ``lengths``: None (rows only), B·n explicit token counts, or a profile name of ``data/length_profiles.json``
     drawn with ``seed``. ``dispatch``: "mesh" (nd dispatch, v0.6+) or "all_gather" (≤v0.5 DP_COMPUTE_PROTO + TP/SP
     all-gather). ``completion_order`` (v1 only): the trajectory indices p·n + session in the order they finished, the
-    batch's row order before balancing (default: submission order). Bad lengths or dispatch raise ValueError; a config verl rejects still gives a trace; a step larger
-    than the planner follows (``BatchGeometry.too_large_to_plan``) raises PlanTooLarge, with the arithmetic.
+    batch's row order before balancing (default: submission order; with failed sessions, of the survivors).
+    ``global_step``: the trainer's step (1 = the first): the actor's update runs from ``trainer.critic_warmup`` on
+    and v1 pads to the step's multiple. ``failed_sessions`` (v1 only): trajectory indices whose agent-loop session
+    failed; the replay buffer trains on the survivors (E49 when there are none). Bad lengths, dispatch, step or
+    sessions raise ValueError; a config verl rejects still gives a trace; a step larger than the planner follows
+    (``BatchGeometry.too_large_to_plan``) raises PlanTooLarge, with the arithmetic.
     """
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {list(DISPATCH)}, got {dispatch!r}")
     collecting = gc.isenabled()
     gc.disable()  # a plan allocates ~10^5 acyclic objects; cyclic collections in between cost ~10% for nothing
     try:
-        return _plan(cfg, lengths, dispatch, seed, completion_order)
+        return _plan(cfg, lengths, dispatch, seed, completion_order, global_step, failed_sessions)
     finally:
         if collecting:
             gc.enable()
 
 
 def _plan(
-    cfg: Any, lengths: Sequence[int] | str | None, dispatch: str, seed: int, completion_order: Sequence[int] | None
+    cfg: Any,
+    lengths: Sequence[int] | str | None,
+    dispatch: str,
+    seed: int,
+    completion_order: Sequence[int] | None,
+    global_step: int = 1,
+    failed_sessions: Sequence[int] = (),
 ) -> StepTrace:
-    geo = BatchGeometry.from_config(cfg)
+    geo = BatchGeometry.from_config(cfg, global_step, failed_sessions)
     too_large = geo.too_large_to_plan()
     if too_large:
         raise PlanTooLarge(too_large)
@@ -191,10 +208,13 @@ def _plan(
     elif completion_order is not None:
         raise ValueError("completion_order applies to the v1 loop only (trainer.use_v1=true, engine profile)")
     tr = StepTrace(profile=cfg.profile, source="plan")
-    for name, step in _steps(cfg, geo.loop):
+    for name, step in _steps(cfg, geo.loop, geo.actor_updates):
         try:
             step(ctx, tr)
         except StageFailure as fail:
+            if fail.code == "E49":  # the driver raises: nothing after the replay buffer runs
+                ctx.errors[name] = fail.as_dict()
+                break
             ctx.errors[name] = fail.as_dict()
             tr.ranks = [r for r in tr.ranks if r.stage != name]
             for rec in tr.stages:
@@ -204,6 +224,7 @@ def _plan(
     _summarize(ctx, tr)
     tr.row_lengths = None if ctx.lengths is None else list(ctx.lengths)
     tr.summary["stage_errors"] = ctx.errors
+    tr.summary["global_step"], tr.summary["failed_sessions"] = geo.global_step, list(geo.failed_sessions)
     try:
         findings, report = findings_of(cfg, None if ctx.lengths is None else max(ctx.lengths))
     except Exception as exc:  # noqa: BLE001 - a validate bug must not hide the plan; shown in the summary

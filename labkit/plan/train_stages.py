@@ -250,9 +250,6 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         role = "actor" if name == "update_actor" else "critic"
         notes.append(f"{message('S6', role=role, count=empty, total=len(minis))} (S6)")
         tr.summary.setdefault("padding_only_mini_batches", {})[name] = empty
-    warmup = ctx.get("trainer.critic_warmup")
-    if name == "update_actor" and warmup > 1:
-        notes.append(f"trainer.critic_warmup={warmup}: the actor is first updated at step {warmup}")
     rec.note = "; ".join(notes)
     tr.summary.setdefault("update", {})[name] = {
         "mini_normalized": mini,
@@ -351,3 +348,24 @@ def _update_rank(
             per_micro.append(one)
     coll = {k: v * epochs for k, v in coll.items()}
     return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll, per_micro * epochs
+
+
+def no_update(ctx: Ctx, tr: StepTrace) -> None:
+    """update_actor at a step before ``trainer.critic_warmup``: both loops skip it (``critic_warmup <=
+    global_steps`` gates the update), so it holds no rank and raises nothing."""
+    warmup, step = ctx.geo.critic_warmup, ctx.geo.global_step
+    tr.stages.append(
+        StageRecord(
+            "update_actor",
+            TITLES["update_actor"],
+            ctx.geo.samples,
+            "samples",
+            None,
+            f"not run: critic_warmup = {warmup} > global step {step}",
+            ["trainer.critic_warmup"],
+            "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._step_once"
+            if ctx.v1
+            else "verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit",
+            f"the actor is first updated at step {warmup}",
+        )
+    )

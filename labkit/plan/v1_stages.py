@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from labkit.balance.balance_batch import log_seqlen_unbalance, v1_partitions
 from labkit.plan.context import Ctx, actor_layout
-from labkit.rules.failures import mesh_failure
+from labkit.rules.catalogue import entry
+from labkit.rules.failures import StageFailure, mesh_failure
 from labkit.rules.geometry import ARR
 from labkit.rules.v1_loop import SYNTHETIC_PADDING_SEQ_LEN, agent_loop_split, completion_keys
 from labkit.trace import RankRecord, StageRecord, StepTrace
@@ -19,14 +20,20 @@ BASE = "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer"
 
 
 def arrange_rows(ctx: Ctx, lengths: list[int] | None, completion_order: Sequence[int] | None) -> None:
-    """The v1 batch before balancing: the B·n trajectories in completion order, then the padding rows (128 tokens
-    each). ``completion_order`` lists trajectory indices (prompt-major, ``p·n + session``) in the order they finished;
-    None plans them in submission order. Fills ``ctx.rows`` and ``ctx.lengths``."""
+    """The v1 batch before balancing: the surviving trajectories in completion order, then the padding rows (128
+    tokens each). ``completion_order`` lists trajectory indices (prompt-major, ``p·n + session``) in the order they
+    finished, the failed ones left out; None plans them in submission order. Fills ``ctx.rows`` and
+    ``ctx.lengths``."""
     n, B = ctx.geo.rollout_n, ctx.geo.prompts
     keys = completion_keys([n] * B)
-    order = list(range(len(keys))) if completion_order is None else [int(i) for i in completion_order]
-    if sorted(order) != list(range(len(keys))):
-        raise ValueError(f"completion_order must be a permutation of the {len(keys)} trajectory indices 0..B·n-1")
+    failed = set(ctx.geo.failed_sessions)
+    alive = [i for i in range(len(keys)) if i not in failed]
+    order = alive if completion_order is None else [int(i) for i in completion_order]
+    if sorted(order) != alive:
+        raise ValueError(
+            f"completion_order must list each of the {len(alive)} surviving trajectory indices (0..B·n-1 less the "
+            "failed sessions) once"
+        )
     ctx.rows = [keys[i] for i in order] + [None] * ctx.geo.padding_rows
     ctx.cache["completion_order"] = order
     if lengths is not None:
@@ -101,23 +108,30 @@ def generate(ctx: Ctx, tr: StepTrace) -> None:
 
 
 def replay_buffer(ctx: Ctx, tr: StepTrace) -> None:
-    """The sync ReplayBuffer returns every trajectory of the B groups in TransferQueue registration order."""
+    """The sync ReplayBuffer returns every surviving trajectory of the B groups in TransferQueue registration order;
+    a group whose sessions partly failed keeps its survivors; no survivor at all is E49."""
     order = ctx.cache.get("completion_order") or []
     assumed = order == sorted(order)
+    failed, alive = len(ctx.geo.failed_sessions), ctx.geo.survivors
+    how = f"{ctx.geo.prompts} terminal groups → {alive} rows in completion order"
+    if failed:
+        how += f" ({failed} failed session(s) wrote no row; their groups keep their survivors)"
     rec = StageRecord(
         "replay_buffer",
         "replay buffer (completion order)",
-        ctx.geo.generated_samples,
+        alive,
         "samples",
         None,
-        f"{ctx.geo.prompts} finished groups → {ctx.geo.generated_samples} rows in completion order",
+        how,
         ["trainer.v1.trainer_mode"],
         "verl/trainer/ppo/v1/replay_buffer.py: ReplayBuffer.sample",
         ("completion order assumed = submission order (prompt-major); " if assumed else "observed completion order; ")
         + "rows are not interleaved by the driver; polled every 2 s",
     )
-    rec.extra = {"rows": [list(k) if k else None for k in ctx.rows[: ctx.geo.generated_samples]]}
+    rec.extra = {"rows": [list(k) if k else None for k in ctx.rows[:alive]]}
     tr.stages.append(rec)
+    if alive == 0:
+        raise StageFailure("E49", "RuntimeError", entry("E49").also[0])
 
 
 def padding(ctx: Ctx, tr: StepTrace) -> None:
@@ -125,7 +139,7 @@ def padding(ctx: Ctx, tr: StepTrace) -> None:
     if not ctx.geo.dp_size:
         tr.stages.append(StageRecord("padding", "synthetic padding rows", ctx.geo.generated_samples, "samples"))
         raise mesh_failure(ctx.geo.world_size, ctx.geo.ulysses_sp)
-    X, L, pad = ctx.geo.generated_samples, ctx.geo.required_multiple, ctx.geo.padding_rows
+    X, L, pad = ctx.geo.survivors, ctx.geo.required_multiple, ctx.geo.padding_rows
     tr.stages.append(
         StageRecord(
             "padding",
@@ -204,7 +218,7 @@ def reward(ctx: Ctx, tr: StepTrace) -> None:
             ctx.geo.generated_samples,
             "samples",
             None,
-            f"one score per trajectory: {ctx.geo.generated_samples} (+ {ctx.geo.padding_rows} padding rows at 0)",
+            f"one score per trajectory: {ctx.geo.survivors} (+ {ctx.geo.padding_rows} padding rows at 0)",
             ["reward_model.use_reward_loop"],
             "verl/trainer/ppo/v1/agent_loop_tq.py: AgentLoopWorkerTQ._agent_loop_postprocess",
             "streaming, before the replay buffer; a colocated reward model runs after sampling instead",

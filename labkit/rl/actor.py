@@ -27,6 +27,7 @@ from labkit.rl import actor_math as am
 from labkit.rl.actor_record import CallRecord
 from labkit.rules.catalogue import message
 from labkit.rules.collectives import micro_batch_sync_name
+from labkit.rules.dp_sync import dp_group_passed, sync_group
 from labkit.runtime import dist
 from labkit.runtime.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 
@@ -271,11 +272,13 @@ class ActorWorker(Worker):
         return int(payload[0])
 
     def _dynamic_parts(self, rec: CallRecord, data: DataProto, budget: int) -> list[list[int]]:
-        """Token-budget micro-batches; the count is MAX-synced over the world (legacy, 0.8: dp_group None) or the DP
-        group (engine). Mirrors seqlen_balancing.rearrange_micro_batches."""
+        """Token-budget micro-batches; the count is MAX-synced over the group ``labkit.rules.dp_sync`` names: the
+        world (legacy, 0.8: dp_group None) or the DP group (engine). Mirrors seqlen_balancing.rearrange_micro_batches."""
         lens = data.batch["attention_mask"].sum(-1)
         legacy = self.s.profile == "legacy"
-        group = None if legacy else self.dp_group
+        skip = self.s.extra.get("skip_dp_sync", False)  # verl 0.7.1 dp_actor: no dp_group, the MAX sync is skipped
+        which = None if skip else sync_group(self.s.profile, dp_group_passed(self.s.profile))
+        group = self.dp_group if which == "dp" else None  # "world": the default group
         seen = {"max": 0}
 
         def sync(op: str, values: list[int]) -> list[int]:
@@ -286,12 +289,11 @@ class ActorWorker(Worker):
             rec.count(name)
             return t.tolist()
 
-        skip = self.s.extra.get("skip_dp_sync", False)  # verl 0.7.1 dp_actor: no dp_group, the MAX sync is skipped
         plan = rearrange_micro_batches(
             lens,
             budget,
             profile=self.s.profile,
-            dp_sync=None if skip else sync,
+            dp_sync=None if which is None else sync,
             max_seq_len=data.batch["attention_mask"].shape[-1] if legacy else None,
         )
         return plan.indices

@@ -145,7 +145,7 @@ the exception type, where in verl's source it is raised (`file: function`), the 
 fires, and why. `labkit explain CODE` prints the same entry in a terminal.
 
 Codes: `E1`-`E45` are verl's own batch-size errors, `E46`-`E57` those of verl 0.9.1's v1 trainer loop; `B1`-`B4`
-bare asserts (no message); `X1`-`X7` Python or torch errors verl's code runs into or raises without a message;
+bare asserts (no message); `X1`-`X8` Python or torch errors verl's code runs into or raises without a message;
 `S1`-`S6` silent behaviours; `N1`-`N9` printed notices and conditional failures; `GA` labkit information;
 `F1`-`F13` facts of verl's code (where it implements a stage) that notebook 09 checks claims against.
 

@@ -109,6 +109,25 @@ class BatchGeometry:
     """v1: lcm(D, critic M·n, actor M·n) that the batch is padded to (``_get_required_batch_multiple``), else None."""
     padding_rows: int = 0
     """v1: synthetic padding rows appended before balancing (128 tokens, zero loss mask each), else 0."""
+    global_step: int = 1
+    """The trainer's ``global_steps`` this geometry is for (1 = the first step; the actor updates from step
+    ``trainer.critic_warmup`` on, and v1's padding multiple follows)."""
+    failed_sessions: tuple[int, ...] = ()
+    """v1: the trajectories (p·n + session) whose agent-loop session failed: they write no row; the sync replay
+    buffer keeps their group's survivors and padding makes up the rest."""
+
+    @property
+    def survivors(self) -> int:
+        """The trajectories that reach the batch: B·n less the failed sessions."""
+        return self.generated_samples - len(self.failed_sessions)
+
+    @property
+    def actor_updates(self) -> bool:
+        """Whether the actor updates at this step (``critic_warmup <= global_steps``, both loops)."""
+        return self.critic_warmup <= self.global_step
+
+    critic_warmup: int = 0
+    """``trainer.critic_warmup``: the first global step with an actor update."""
 
     def too_large_to_plan(self) -> str | None:
         """Why the planner will not follow this step row by row and rank by rank (None when it will), with the
@@ -149,8 +168,10 @@ class BatchGeometry:
         )
 
     @classmethod
-    def from_config(cls, cfg: Any) -> BatchGeometry:
-        """Read every size from ``cfg`` (a ``labkit.config.verl_config.VerlConfig``), once."""
+    def from_config(cls, cfg: Any, global_step: int = 1, failed_sessions: Sequence[int] = ()) -> BatchGeometry:
+        """Read every size from ``cfg`` (a ``labkit.config.verl_config.VerlConfig``), once, for global step
+        ``global_step`` with the v1 sessions ``failed_sessions`` (trajectory indices) failed. ValueError for a step
+        below 1 or failed sessions outside the v1 loop or outside 0..B·n-1."""
         g = cfg.get
         n, world, sp = g(f"{ARR}.rollout.n"), cfg.n_gpus, g(f"{ARR}.actor.ulysses_sequence_parallel_size")
         tp, rdp, pp = (g(f"{ARR}.rollout.{k}_parallel_size") for k in ("tensor_model", "data", "pipeline_model"))
@@ -163,19 +184,27 @@ class BatchGeometry:
         loop = loop_of(cfg.profile, cfg.profile == "engine" and g("trainer.use_v1"))
         D = dp_size_of(world, sp)
         multiple, pad = None, 0
+        if global_step < 1:
+            raise ValueError(f"global_step must be 1 or more (verl's first step is 1), got {global_step}")
+        failed = tuple(sorted({int(i) for i in failed_sessions}))
+        if failed and loop != "v1":
+            raise ValueError("failed sessions are modelled for the v1 loop's replay buffer only (trainer.use_v1=true)")
+        warmup = g("trainer.critic_warmup")
         if loop == "v1":  # v1 fetches train_batch_size prompts per step (gen_batch_size only sizes the fetches)
             prompts = g("data.train_batch_size")
+            if failed and (failed[0] < 0 or failed[-1] >= prompts * n):
+                raise ValueError(f"failed sessions must be trajectory indices 0..B·n-1 = 0..{prompts * n - 1}")
             if D:
                 critic = g("critic.ppo_mini_batch_size") if cfg.need_critic else None
                 actor = g(f"{ARR}.actor.ppo_mini_batch_size")
-                multiple = required_batch_multiple(D, n, actor, critic, g("trainer.critic_warmup"))
-                pad = padding_rows(prompts * n, multiple)
+                multiple = required_batch_multiple(D, n, actor, critic, warmup, global_step)
+                pad = padding_rows(prompts * n - len(failed), multiple) if prompts * n > len(failed) else 0
         return cls(
             profile=cfg.profile,
             train_batch_size=g("data.train_batch_size"),
             prompts=prompts,
             rollout_n=n,
-            samples=prompts * n + pad,
+            samples=prompts * n - len(failed) + pad,
             world_size=world,
             ulysses_sp=sp,
             dp_size=D,
@@ -194,6 +223,9 @@ class BatchGeometry:
             generated_samples=prompts * n,
             required_multiple=multiple,
             padding_rows=pad,
+            global_step=global_step,
+            failed_sessions=failed,
+            critic_warmup=warmup,
         )
 
 

@@ -76,7 +76,7 @@ def _v1_batch(run: Run, s: Snap, D: int) -> None:
     terms = [f"D = {D}"]
     if s.need_critic:
         terms.append(f"critic M x n = {s.critic_ppo_mini_batch_size} x {s.rollout_n}")
-    if s.critic_warmup <= 1:  # the actor updates from global step 1 on
+    if s.geo.actor_updates:  # the actor updates at this step
         terms.append(f"M x n = {s.ppo_mini_batch_size} x {s.rollout_n}")
     run.add(
         pad > 0,
@@ -210,7 +210,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                 )
     if s.need_critic and (W % s.critic_ulysses_sp == 0 or not s.legacy):
         _critic_step(run, s, Mcp, micro)
-    if s.critic_warmup > 1:
+    if not s.geo.actor_updates:
         run.add(
             True,
             "N4",
@@ -219,7 +219,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             STEP1,
             f"{FIT}.fit",
             [f"critic_warmup {s.critic_warmup} > global_steps 1"],
-            "Actor-update checks run only once global_steps reaches critic_warmup.",
+            f"Actor-update checks run at step {s.critic_warmup}, when global_steps reaches critic_warmup.",
             NOTICE,
             role="actor",
         )

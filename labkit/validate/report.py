@@ -19,7 +19,7 @@ from labkit.config.verl_config import VerlConfig
 from labkit.rules.geometry import BatchGeometry, legacy_normalized_mini
 from labkit.validate.first_step import step_checks
 from labkit.validate.fixes import FIXED, Searcher
-from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, Finding, Run, Snap
+from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, STEP1, Finding, Run, Snap
 from labkit.validate.startup import startup_checks
 from labkit.validate.worker_init import worker_checks
 
@@ -107,13 +107,25 @@ def _evaluate(
     kv_heads: int | None = None,
     max_seq_len: int | None = None,
     passes: bool = True,
+    global_step: int | None = None,
 ) -> tuple[Snap, list[Finding]]:
-    """Run every rule once (no fix search): start-up, worker init, step 1."""
+    """Run every rule once (no fix search): start-up, worker init, step 1, and, when ``trainer.critic_warmup`` > 1
+    and the step is reached (``global_step`` None: any step), the first step with an actor update: what verl
+    raises there is reported at that step, after every step-1 check (verl stops at the first)."""
     s = Snap(cfg, heads, kv_heads, max_seq_len)
     run = Run(passes)
     startup_checks(run, s)
     norm = worker_checks(run, s)
     step_checks(run, s, norm)
+    warmup = s.critic_warmup
+    reached = warmup > 1 and (global_step is None or global_step >= warmup)
+    if reached and not any(c.severity == ERROR for c in run.checks):
+        later = Run(passes=False)
+        step_checks(later, Snap(cfg, heads, kv_heads, max_seq_len, global_step=warmup), norm)
+        for f in later.checks:
+            if f.severity == ERROR:
+                f.when = f"step {warmup}" if f.when == STEP1 else f.when
+                run.checks.append(f)
     return s, run.checks
 
 
@@ -124,20 +136,24 @@ def check(
     *,
     max_seq_len: int | None = None,
     fixes: bool = True,
+    global_step: int | None = None,
 ) -> Report:
     """All of verl's batch-size checks for ``cfg`` (profile from the config), with verified fixes.
 
     Head counts enable E41/E42; ``max_seq_len`` (longest prompt+response row) makes the engine's E31 definite
-    instead of a conditional notice.
+    instead of a conditional notice. ``global_step``: the steps verl runs, 1..global_step (None: all of them), so a
+    check of the first actor update (``trainer.critic_warmup``) is reported at its step or not at all.
     """
-    s, checks = _evaluate(cfg, num_attention_heads, num_key_value_heads, max_seq_len)
+    s, checks = _evaluate(cfg, num_attention_heads, num_key_value_heads, max_seq_len, global_step=global_step)
     if fixes:
         memo: dict = {}
 
         def ev(c: VerlConfig) -> tuple[Snap, list[Finding]]:
             key = tuple(sorted(c.values.items(), key=lambda kv: kv[0]))
             if key not in memo:
-                memo[key] = _evaluate(c, num_attention_heads, num_key_value_heads, max_seq_len, passes=False)
+                memo[key] = _evaluate(
+                    c, num_attention_heads, num_key_value_heads, max_seq_len, passes=False, global_step=global_step
+                )
             return memo[key]
 
         searcher = Searcher(cfg, s, checks, ev, FIX_BUDGET)

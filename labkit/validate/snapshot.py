@@ -108,7 +108,12 @@ class Snap:
     plus the batch geometry (``geo``) and its sizes the checks use most: world_size, prompts, samples, width."""
 
     def __init__(
-        self, cfg: VerlConfig, heads: int | None = None, kv_heads: int | None = None, max_seq_len: int | None = None
+        self,
+        cfg: VerlConfig,
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        max_seq_len: int | None = None,
+        global_step: int = 1,
     ) -> None:
         values = cfg.values
         for name, path in _SNAP_KEYS.items():
@@ -121,7 +126,7 @@ class Snap:
                 v = KEYS[_CHAINS[path][-1]].default_for(cfg.profile)
             setattr(self, name, v)
         self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
-        self.geo = geo = BatchGeometry.from_config(cfg)
+        self.geo = geo = BatchGeometry.from_config(cfg, global_step)
         self.world_size, self.prompts, self.samples, self.width = geo.world_size, geo.prompts, geo.samples, geo.width
         self.need_ref = bool(self.use_kl_in_reward or self.use_kl_loss)
         self.need_critic = cfg.need_critic

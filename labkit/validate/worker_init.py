@@ -107,6 +107,18 @@ def _legacy_normalize(run: Run, s: Snap, role: str) -> tuple[int | None, int | N
             SILENT,
             role=role,
         )
+        if not actor and run.add(
+            s.critic_forward_micro_batch_size is None,
+            "X8",
+            "TypeError",
+            message("X8"),
+            INIT,
+            where,
+            [f"critic.ppo_micro_batch_size = {u}", "critic.forward_micro_batch_size = None", f"None //= {D}"],
+            "The worker divides both global critic micro sizes by the DP size in place; the forward one is null.",
+            role=role,
+        ):
+            return None, None  # the worker's __init__ stops here
     if m is None:
         return Mp, None
     if run.add(
