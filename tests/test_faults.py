@@ -249,7 +249,7 @@ def test_close_with_a_stopped_rank_kills_it_at_once():
     assert not os.path.exists(wg.group_dir)
 
 
-DRIVER = """
+ABANDONING_DRIVER = """
 import os, sys
 from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import WorkerGroup
@@ -263,18 +263,21 @@ if __name__ == "__main__":
 def test_an_abandoned_group_folder_is_swept_by_the_next_start(tmp_path):
     """A driver that ends with os._exit(0) leaves its group folder; the next labkit group start in the same temp
     folder removes it (its driver's pid is gone) and leaves a live driver's folder alone."""
+    import shutil
     import subprocess
     import sys
 
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    folder = tempfile.mkdtemp(prefix="ab-")  # short: the forkserver's socket path must fit AF_UNIX's 108 bytes
+    env = {**os.environ, "TMPDIR": folder}
     script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
+    script.write_text(ABANDONING_DRIVER)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip(), out.stderr[-1500:]
     abandoned = out.stdout.strip().splitlines()[-1]
     assert os.path.isdir(abandoned), out.stderr[-500:]
-    mine = tempfile.mkdtemp(prefix=f"labkit-group-{os.getpid()}-", dir=tmp_path)  # a live driver's folder
+    mine = tempfile.mkdtemp(prefix=f"labkit-group-{os.getpid()}-", dir=folder)  # a live driver's folder
     code = "from labkit.runtime import rank_files; print(rank_files.sweep_abandoned())"
     swept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert abandoned in swept.stdout and not os.path.exists(abandoned), swept.stderr[-500:]
     assert os.path.isdir(mine)
-    os.rmdir(mine)
+    shutil.rmtree(folder)

@@ -374,3 +374,16 @@ def test_mutated_scripts_give_a_clear_error_or_a_reading():
             except (LaunchError, ConfigError):
                 pass
     assert time.perf_counter() - t0 < 20
+
+
+def test_a_script_at_the_size_cap_is_read_in_bounded_time():
+    """Linear-time input limits: a script of MAX_SCRIPT_BYTES of commands answers within a second on quiet cores
+    (two here, beside a second test process)."""
+    import time
+
+    line = 'echo "step $X" ${Y:-1} $((2 + 3))\n'
+    text = line * (MAX_SCRIPT_BYTES // len(line))
+    start = time.perf_counter()
+    with pytest.raises(LaunchError, match="no verl launch"):
+        read_script(text)
+    assert time.perf_counter() - start < 2.0

@@ -287,7 +287,9 @@ def test_critic_warmup_one_still_updates_the_actor_at_step_1(profile):
             assert got == ACTOR_UPDATE[profile], (profile, warm, got)
         else:
             assert got == [("N4", "notice", f"trainer.critic_warmup = {warm}: the actor is not updated at step 1")]
-            assert check(cfg, fixes=False).ok
+            assert check(cfg, fixes=False, global_step=1).ok
+            later = check(cfg, fixes=False).errors  # what the first update raises, at its step
+            assert all(f.when == f"step {warm}" for f in later), [(f.code, f.when) for f in later]
 
 
 @pytest.mark.parametrize("profile", ["engine", "legacy"])
@@ -310,13 +312,16 @@ def test_critic_warmup_skips_only_the_actor(profile):
 
 
 def test_plan_notes_the_first_actor_update_step():
+    """Step 1 of a warm-up: update_actor is not run (no rank, no error) and says when it first runs."""
     from labkit.plan.step import plan
 
     for profile in ("engine", "legacy"):
-        for warm in (0, 1, 2, 3):  # a note only when the first actor update is not step 1
-            note = plan(cfg_of([f"trainer.critic_warmup={warm}"], profile)).stage("update_actor").note or ""
-            want = f"trainer.critic_warmup={warm}: the actor is first updated at step {warm}"
-            assert (want in note) is (warm > 1) and ("critic_warmup" in note) is (warm > 1), (profile, warm, note)
+        for warm in (0, 1, 2, 3):
+            tr = plan(cfg_of([f"trainer.critic_warmup={warm}"], profile))
+            rec = tr.stage("update_actor")
+            skipped = f"not run: critic_warmup = {warm} > global step 1" in rec.formula
+            assert skipped is (warm > 1) and (tr.at("update_actor") == []) is (warm > 1), (profile, warm)
+            assert (f"first updated at step {warm}" in rec.note) is (warm > 1), (profile, warm, rec.note)
 
 
 def test_v1_padding_multiple_at_the_warmup_boundary():

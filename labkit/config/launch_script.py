@@ -16,7 +16,7 @@ from labkit.config.bash_lex import BashSyntaxError
 from labkit.config.bash_parse import parse
 from labkit.config.bash_reader import Reader
 
-MAX_SCRIPT_BYTES = 2**20  # verl's longest example script is about 15 KB
+MAX_SCRIPT_BYTES = 128 * 2**10  # verl's longest example script is about 15 KB; read in well under a second at the cap
 ENTRY = re.compile(r"^(verl|recipe)(\.\w+)*\.(main\w*|\w*_main)$")
 _ENTRY_FILE = re.compile(r"(^|/)(verl|recipe)/(\w+/)*(main\w*|\w*_main)\.py$")
 _OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w-]*(\.[\w-]+)*=|~[A-Za-z_][\w.-]*(=|$))")
