@@ -365,6 +365,7 @@ def _print_docs(con: Console, code: Any) -> None:
 
 def cmd_check(ns: argparse.Namespace) -> int:
     from labkit.plan.step import PlanTooLarge, plan
+    from labkit.rules.v1_loop import first_update_step
 
     cfg = _config(ns.args, ns.profile, ns.set)
     from labkit.validate.report import check
@@ -385,8 +386,8 @@ def cmd_check(ns: argparse.Namespace) -> int:
     try:
         planned = plan(cfg)
         errors, at = planned.summary.get("stage_errors") or {}, "the first step"
-        warmup = cfg.get("trainer.critic_warmup")
-        if not errors and warmup > 1 and (ns.step is None or ns.step >= warmup):  # the first actor update
+        warmup = first_update_step(cfg.get("trainer.critic_warmup"), ns.step)
+        if not errors and warmup is not None:  # the first actor update
             errors = plan(cfg, global_step=warmup).summary.get("stage_errors") or {}
             at = f"step {warmup}, the first with an actor update (trainer.critic_warmup)"
     except PlanTooLarge as exc:

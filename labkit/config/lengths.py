@@ -55,7 +55,7 @@ def parse_lengths(text: str | list[int]) -> list[int] | str:
         parts = [x.strip() for x in text.split(",") if x.strip()]
         if len(parts) > MAX_LENGTHS:
             raise LengthsError(f"--lengths: {len(parts):,} lengths; labkit takes at most {MAX_LENGTHS:,}.")
-        out = [int(x[:12]) if len(x) <= 12 else 10**12 for x in parts]
+        out = [int(x) if len(x) <= 12 else 10**12 for x in parts]
         if not out or min(out) < 1:
             raise LengthsError(f"--lengths {text!r}: each length must be a positive integer.")
         return out

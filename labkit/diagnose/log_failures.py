@@ -60,6 +60,15 @@ def _size(pattern: re.Pattern, text: str) -> int | None:
     return to_bytes(m.group(1), m.group(2)) if m else None
 
 
+def _cuda_head(m: re.Match) -> dict[str, int]:
+    """What both forms of PyTorch's message start with: the request, the GPU and its capacity."""
+    return {
+        "requested": to_bytes(m.group(1), m.group(2)),
+        "gpu": int(m.group(3)),
+        "capacity": to_bytes(m.group(4), m.group(5)),
+    }
+
+
 def allocation_failure(line: LogLine) -> AllocationFailure | None:
     """The allocation failure one line reports, or None."""
     text = line.text
@@ -69,9 +78,7 @@ def allocation_failure(line: LogLine) -> AllocationFailure | None:
         return AllocationFailure(
             "cuda",
             line.number,
-            requested=to_bytes(m.group(1), m.group(2)),
-            gpu=int(m.group(3)),
-            capacity=to_bytes(m.group(4), m.group(5)),
+            **_cuda_head(m),
             free=to_bytes(m.group(6), m.group(7)),
             allocated=_size(BY_PYTORCH, rest),
             reserved_unallocated=_size(UNALLOCATED, rest),
@@ -83,9 +90,7 @@ def allocation_failure(line: LogLine) -> AllocationFailure | None:
         return AllocationFailure(
             "cuda",
             line.number,
-            requested=to_bytes(m.group(1), m.group(2)),
-            gpu=int(m.group(3)),
-            capacity=to_bytes(m.group(4), m.group(5)),
+            **_cuda_head(m),
             free=to_bytes(m.group(8), m.group(9)),
             allocated=allocated,
             reserved_unallocated=max(0, reserved - allocated),

@@ -212,10 +212,9 @@ def _plan(
         try:
             step(ctx, tr)
         except StageFailure as fail:
-            if fail.code == "E49":  # the driver raises: nothing after the replay buffer runs
-                ctx.errors[name] = fail.as_dict()
-                break
             ctx.errors[name] = fail.as_dict()
+            if fail.code == "E49":  # the driver raises: nothing after the replay buffer runs
+                break
             tr.ranks = [r for r in tr.ranks if r.stage != name]
             for rec in tr.stages:
                 if rec.name == name:

@@ -14,7 +14,7 @@ from typing import Any
 
 from labkit.config.keys import ARR
 from labkit.config.lengths import resolve_lengths
-from labkit.rules.v1_loop import loop_of, padding_rows, required_batch_multiple
+from labkit.rules.v1_loop import actor_updates_at, loop_of, padding_rows, required_batch_multiple
 
 WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L², the linear term sized for a 7B model (h = 4096)
 MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (seconds on 2 cores at the limit)
@@ -115,6 +115,8 @@ class BatchGeometry:
     failed_sessions: tuple[int, ...] = ()
     """v1: the trajectories (p·n + session) whose agent-loop session failed: they write no row; the sync replay
     buffer keeps their group's survivors and padding makes up the rest."""
+    critic_warmup: int = 0
+    """``trainer.critic_warmup``: the first global step with an actor update."""
 
     @property
     def survivors(self) -> int:
@@ -124,10 +126,7 @@ class BatchGeometry:
     @property
     def actor_updates(self) -> bool:
         """Whether the actor updates at this step (``critic_warmup <= global_steps``, both loops)."""
-        return self.critic_warmup <= self.global_step
-
-    critic_warmup: int = 0
-    """``trainer.critic_warmup``: the first global step with an actor update."""
+        return actor_updates_at(self.critic_warmup, self.global_step)
 
     def too_large_to_plan(self) -> str | None:
         """Why the planner will not follow this step row by row and rank by rank (None when it will), with the

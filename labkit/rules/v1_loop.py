@@ -39,6 +39,20 @@ def agent_loop_split(prompts: int, workers: int) -> list[int]:
     return [size] * full + ([rest] if rest else [])
 
 
+def actor_updates_at(critic_warmup: int, global_steps: int) -> bool:
+    """Whether the actor updates at this global step (both loops): ``critic_warmup <= global_steps``.
+    Mirrors PPOTrainer._step_once (v1) and RayPPOTrainer.fit (v0)."""
+    return critic_warmup <= global_steps
+
+
+def first_update_step(critic_warmup: int, last_step: int | None) -> int | None:
+    """The first step with an actor update when it is not step 1 and verl reaches it by ``last_step`` (None: any
+    step); None otherwise (step 1 already updates, or the run stops before it)."""
+    if critic_warmup <= 1 or (last_step is not None and last_step < critic_warmup):
+        return None
+    return critic_warmup
+
+
 def required_batch_multiple(
     dp_size: int,
     rollout_n: int,
@@ -52,7 +66,7 @@ def required_batch_multiple(
     multiple = dp_size
     if critic_mini_batch_size is not None:
         multiple = math.lcm(multiple, critic_mini_batch_size * rollout_n)
-    if critic_warmup <= global_steps:
+    if actor_updates_at(critic_warmup, global_steps):
         multiple = math.lcm(multiple, actor_mini_batch_size * rollout_n)
     return multiple
 

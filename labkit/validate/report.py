@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from labkit.config.verl_config import VerlConfig
 from labkit.rules.geometry import BatchGeometry, legacy_normalized_mini
+from labkit.rules.v1_loop import first_update_step
 from labkit.validate.first_step import step_checks
 from labkit.validate.fixes import FIXED, Searcher
 from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, STEP1, Finding, Run, Snap
@@ -117,9 +118,8 @@ def _evaluate(
     startup_checks(run, s)
     norm = worker_checks(run, s)
     step_checks(run, s, norm)
-    warmup = s.critic_warmup
-    reached = warmup > 1 and (global_step is None or global_step >= warmup)
-    if reached and not any(c.severity == ERROR for c in run.checks):
+    warmup = first_update_step(s.critic_warmup, global_step)
+    if warmup is not None and not any(c.severity == ERROR for c in run.checks):
         later = Run(passes=False)
         step_checks(later, Snap(cfg, heads, kv_heads, max_seq_len, global_step=warmup), norm)
         for f in later.checks:
