@@ -3,7 +3,7 @@
 and Hydra's own flags (``--config-path``/``--config-name``, ``hydra.*`` keys, ``--multirun``).
 
 ``parse_override`` splits one override; ``split_hydra_args`` separates Hydra's flags from the overrides and says
-which base YAML they select; ``check_base`` refuses a base labkit does not model (Megatron, a recipe's own YAML).
+which base YAML they select; ``check_base`` refuses a base labkit does not model (a recipe's own YAML).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ _KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 _FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name", "--config-dir": "dir",
           "-cd": "dir"}  # fmt: skip
 _SWITCHES = ("--multirun", "-m", "--cfg", "-c", "--resolve", "--info", "-i", "--help", "-h", "--hydra-help")
-MODELLED_BASES = ("ppo_trainer",)
-"""verl's trainer YAMLs labkit models (FSDP/engine workers, ``verl/trainer/config/ppo_trainer.yaml``)."""
-GROUPS = {"model_engine": ("dp",)}
-"""Config groups of ppo_trainer.yaml's defaults list, with the choices labkit models (dp = FSDP)."""
+MODELLED_BASES = ("ppo_trainer", "ppo_megatron_trainer")
+"""verl's trainer YAMLs labkit models (``verl/trainer/config/ppo_trainer.yaml``, and ``ppo_megatron_trainer.yaml``:
+0.9.1's shim for ``model_engine=megatron``, 0.7.1's Megatron base)."""
+GROUPS = {"model_engine": ("dp", "megatron")}
+"""Config groups of ppo_trainer.yaml's defaults list, with the choices labkit models (dp = FSDP, megatron)."""
 
 
 class HydraError(ValueError):
@@ -72,6 +73,11 @@ class HydraArgs:
     def base(self) -> str:
         return (self.config_name or "ppo_trainer").removesuffix(".yaml")
 
+    def base_overrides(self) -> list[str]:
+        """The overrides the base YAML stands for (``ppo_megatron_trainer``: ``model_engine=megatron``), to be applied
+        before the command line's own."""
+        return ["model_engine=megatron"] if self.base() == "ppo_megatron_trainer" else []
+
 
 def split_hydra_args(args: Iterable[str]) -> HydraArgs:
     """Hydra's flags out of an argument list (``--config-name X`` and ``--config-name=X`` alike)."""
@@ -120,7 +126,7 @@ def check_base(args: HydraArgs, module: str | None = None) -> None:
         where = f" in {args.config_path}" if args.config_path and not _verl_config_dir(args.config_path) else ""
         raise HydraError(
             f"--config-name {args.base()}{where}: labkit models verl's own {', '.join(MODELLED_BASES)}.yaml only "
-            "(FSDP/engine workers); a Megatron or recipe base YAML is not modelled"
+            "(FSDP and Megatron workers); a recipe's own base YAML is not modelled"
         )
     for item in args.overrides:
         try:
@@ -129,6 +135,6 @@ def check_base(args: HydraArgs, module: str | None = None) -> None:
             continue  # reported where the overrides are applied
         if ov.is_group and ov.raw is not None and ov.raw.strip() not in GROUPS[ov.key]:
             raise HydraError(
-                f"'{item}': labkit models {ov.key}={'|'.join(GROUPS[ov.key])} only (FSDP workers); "
+                f"'{item}': labkit models {ov.key}={'|'.join(GROUPS[ov.key])} only (FSDP and Megatron workers); "
                 f"the {ov.raw.strip()} engine's config is not modelled"
             )

@@ -12,7 +12,7 @@ from typing import Any
 
 PROFILES = ("legacy", "engine")
 
-INT, FLOAT, BOOL, STR = "int", "float", "bool", "str"
+INT, FLOAT, BOOL, STR, STRLIST = "int", "float", "bool", "str", "list of str"
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,13 @@ _KEYS = [
         doc="0.9.1's v1 trainer loop (trainer/ppo/v1), its default; labkit models the v0 loop (RayPPOTrainer)",
     ),
     # actor
-    Key(f"{ACTOR}.strategy", STR, "fsdp", choices=("fsdp", "fsdp2"), doc="labkit models the FSDP backend"),
+    Key(
+        f"{ACTOR}.strategy",
+        STR,
+        "fsdp",
+        choices=("fsdp", "fsdp2", "megatron"),
+        doc="the training backend: FSDP, or Megatron (set by model_engine=megatron / ppo_megatron_trainer)",
+    ),
     Key(f"{ACTOR}.ppo_mini_batch_size", INT, 256, minimum=1, doc="prompts per optimizer step, global (M)"),
     Key(f"{ACTOR}.ppo_micro_batch_size", INT, None, nullable=True, minimum=1, doc="deprecated global micro size"),
     Key(f"{ACTOR}.ppo_micro_batch_size_per_gpu", INT, None, nullable=True, minimum=1, doc="rows per micro-batch (m)"),
@@ -171,7 +177,8 @@ _KEYS = [
     Key("critic.fsdp.optimizer_offload", BOOL, False, profiles=("engine",)),
     # critic
     Key("critic.enable", BOOL, None, nullable=True, doc="None: on iff adv_estimator == gae"),
-    Key("critic.strategy", STR, "fsdp", choices=("fsdp", "fsdp2")),
+    Key("critic.strategy", STR, "fsdp", choices=("fsdp", "fsdp2", "megatron")),
+    Key(f"{REF}.strategy", STR, follows=f"{ACTOR}.strategy", choices=("fsdp", "fsdp2", "megatron")),
     Key("critic.ppo_mini_batch_size", INT, follows=f"{ACTOR}.ppo_mini_batch_size", minimum=1),
     Key("critic.ppo_micro_batch_size", INT, None, nullable=True, minimum=1),
     Key("critic.ppo_micro_batch_size_per_gpu", INT, follows="critic.ppo_micro_batch_size", nullable=True, minimum=1),
@@ -202,5 +209,42 @@ _KEYS = [
     Key("algorithm.gamma", FLOAT, 1.0),
     Key("algorithm.lam", FLOAT, 1.0),
 ]
+
+
+
+def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
+    """``<role>.megatron.*``: verl 0.9.1's ``McoreEngineConfig`` keys labkit models (``engine/megatron.yaml``); the
+    ref's sizes follow the actor's (``follow``), as its YAML's ``oc.select`` does."""
+    m = f"{prefix}.megatron"
+
+    def k(leaf: str, type_: str, default: Any, nullable: bool = False, follows: bool = True, **kw: Any) -> Key:
+        src = f"{follow}.megatron.{leaf}" if follow and follows else None
+        return Key(f"{m}.{leaf}", type_, None if src else default, nullable=nullable, follows=src, **kw)
+
+    tc = "override_transformer_config"
+    return [
+        k("tensor_model_parallel_size", INT, 1, minimum=1, doc="Megatron TP"),
+        k("pipeline_model_parallel_size", INT, 1, minimum=1, doc="Megatron PP (pipeline stages)"),
+        k("virtual_pipeline_model_parallel_size", INT, None, nullable=True, minimum=1, doc="VPP chunks per stage"),
+        k("context_parallel_size", INT, 1, minimum=1, doc="Megatron CP"),
+        k("expert_model_parallel_size", INT, 1, minimum=1, doc="Megatron EP"),
+        k("expert_tensor_parallel_size", INT, None, nullable=True, minimum=1, doc="expert TP (None: = TP)"),
+        k("sequence_parallel", BOOL, True, follows=False, doc="Megatron sequence parallel (off at TP = 1)"),
+        k("use_distributed_optimizer", BOOL, True, follows=False, doc="optimizer state sharded over DP·CP"),
+        k("param_offload", BOOL, False, doc="bf16 params on CPU outside the engine's own passes"),
+        k("optimizer_offload", BOOL, False, follows=False, doc="fp32 main params and Adam on CPU"),
+        k("grad_offload", BOOL, False, follows=False, profiles=("legacy",), doc="0.7.1: grads on CPU"),
+        k("dynamic_context_parallel", BOOL, False, doc="dynamic CP (DP×CP ranks share each batch)"),
+        k("max_seqlen_per_dp_cp_rank", INT, None, nullable=True, minimum=1, profiles=("engine",)),
+        k("forward_only", BOOL, follow is not None, follows=False, doc="no grads or optimizer (the ref)"),
+        k(f"{tc}.recompute_granularity", STR, None, nullable=True, doc="null | full | selective"),
+        k(f"{tc}.recompute_method", STR, None, nullable=True, doc="full: uniform | block"),
+        k(f"{tc}.recompute_num_layers", INT, None, nullable=True, doc="full: layers recomputed per stage"),
+        k(f"{tc}.recompute_modules", STRLIST, ["core_attn"], doc="selective: modules recomputed"),
+        k(f"{tc}.microbatch_group_size_per_vp_stage", INT, None, nullable=True, minimum=1, doc="G (None: = PP)"),
+    ]
+
+
+_KEYS += _megatron_block(ACTOR, None) + _megatron_block(REF, ACTOR) + _megatron_block("critic", None)
 
 KEYS: dict[str, Key] = {k.path: k for k in _KEYS}

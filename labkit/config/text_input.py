@@ -107,7 +107,7 @@ def script_overrides(read: ScriptRead, extra: Iterable[str] = ()) -> ConfigText:
         check_base(hydra, read.module)
     except HydraError as exc:
         raise ConfigError(f"line {read.line}: {exc}") from None
-    out.overrides = hydra.overrides
+    out.overrides = [*hydra.base_overrides(), *hydra.overrides]
     out.skipped = [*read.launcher, *([f"-m {read.module}"] if read.module else [])]
     if hydra.config_name or hydra.config_path:
         out.skipped.append(f"--config-name={hydra.base()}")

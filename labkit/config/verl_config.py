@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from labkit.config.hydra_overrides import HydraError, parse_override
-from labkit.config.keys import BOOL, FLOAT, INT, KEYS, PROFILES, STR, Key
+from labkit.config.keys import ACTOR, BOOL, FLOAT, INT, KEYS, PROFILES, STR, STRLIST, Key
 from labkit.config.messages import InputError
 from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, load_yaml, read_config_text
 
@@ -105,6 +105,11 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
             if key.minimum is not None and value < key.minimum:
                 raise ConfigError(f"{origin}: '{key.path}' must be >= {key.minimum}, got {value}.")
             return float(value)
+    elif key.type == STRLIST:
+        if isinstance(value, str) and not value.strip().startswith("["):
+            value = [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
     elif key.type == STR:
         if isinstance(value, str):
             if key.choices and value not in key.choices:
@@ -227,6 +232,8 @@ class VerlConfig:
             path = ov.key
             if ov.is_group:
                 self.ignored[path] = ov.raw
+                if path == "model_engine":
+                    self.select_engine((ov.raw or "").strip())
                 continue
             if ov.prefix == "~":
                 if path not in KEYS:
@@ -249,6 +256,13 @@ class VerlConfig:
                 raise ConfigError(f"Could not append to config. An item is already at '{path}'.")
             self.set(path, value, origin=f"override '{item}'")
         return self
+
+    def select_engine(self, choice: str) -> None:
+        """``model_engine=dp|megatron`` (0.9.1's config group; ``--config-name ppo_megatron_trainer`` picks megatron):
+        the group sets ``strategy`` of the actor, ref and critic, as verl's ``model_engine/*.yaml`` does."""
+        strategy = "megatron" if choice == "megatron" else "fsdp"
+        for path in (f"{ACTOR}.strategy", "critic.strategy"):
+            self.values[path] = strategy
 
     def _outside_schema(self, path: str) -> bool:
         """A key neither labkit nor verl's ppo_trainer.yaml has (``+`` adds it, e.g. ``model.override_config.x``)."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.plan.megatron_passes import megatron_coords, trainer_dp_rank
 from labkit.rules.catalogue import message
-from labkit.rules.failures import StageFailure, fail_chunk
+from labkit.rules.failures import StageFailure, fail_chunk, megatron_mesh_failure, mesh_failure
 from labkit.rules.geometry import BatchGeometry, workload
 from labkit.rules.v1_loop import batch_meta_chunks
 
@@ -49,10 +50,39 @@ class Ctx:
         return self.cfg.get(path)
 
     def tokens(self, idx: list[int]) -> int | None:
-        return None if self.lengths is None else sum(map(self.lengths.__getitem__, idx))
+        return None if self.lengths is None else self._sum("tok", self.lengths, idx)
 
     def workload(self, idx: list[int]) -> int | None:
-        return None if self.workloads is None else sum(map(self.workloads.__getitem__, idx))
+        return None if self.workloads is None else self._sum("wl", self.workloads, idx)
+
+    def _sum(self, kind: str, values: list[int], idx: list[int]) -> int:
+        """Σ values[idx], memoised per index list (the ranks of one DP group share theirs: TP/CP/PP or SP ranks)."""
+        hit = self.cache.get((kind, id(idx)))
+        if hit is not None and hit[0] is idx:
+            return hit[1]
+        total = sum(map(values.__getitem__, idx))
+        self.cache[(kind, id(idx))] = (idx, total)  # holding idx keeps its id from being reused
+        return total
+
+    def train_rank(self, rank: int, sp: int) -> tuple[int, int]:
+        """(dp_rank, sp_rank) of a global rank on the training engine's layout: the Ulysses mesh (FSDP), or
+        megatron-core's DP coordinate (sp_rank 0: Megatron has no Ulysses group)."""
+        layout = self.geo.parallel
+        if layout.is_megatron:
+            return trainer_dp_rank(layout, rank), 0
+        return actor_layout(rank, sp)
+
+    def mesh_failure(self) -> StageFailure:
+        """Why the training layout cannot be built: the Ulysses mesh (X4) or megatron-core's TP·PP·CP split."""
+        layout = self.geo.parallel
+        if layout.is_megatron:
+            return megatron_mesh_failure(layout)
+        return mesh_failure(self.geo.world_size, self.geo.ulysses_sp)
+
+    def megatron_extra(self, rank: int) -> dict[str, Any]:
+        """The rank's Megatron coordinates for its records (``{"megatron": {tp, cp, dp, pp}}``), {} under FSDP."""
+        layout = self.geo.parallel
+        return {"megatron": megatron_coords(layout, rank)} if layout.is_megatron else {}
 
     def dp_chunks(self, dp: int) -> list[list[int]]:
         """Sample indices per DP rank when the balanced batch is chunked into ``dp`` equal pieces (nd dispatch).

@@ -14,7 +14,8 @@ from typing import Any
 
 from labkit.balance.micro_batches import plan_dp_micro_batches_each, static_micro_batches
 from labkit.plan.context import Ctx
-from labkit.rules.catalogue import code_of
+from labkit.plan.megatron_passes import padded_row, sequence_alignment
+from labkit.rules.catalogue import code_of, message
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import ulysses_padded
 from labkit.trace import MicroBatchRecord
@@ -45,27 +46,43 @@ def _static(rows: int, m: int, profile: str) -> list[list[int]]:
     return static_micro_batches(rows, m, profile=profile)
 
 
+def check_vpp_groups(count: int, group: int) -> None:
+    """The Megatron engine's assert on a static cut: the micro-batch count must divide by G = the virtual pipeline's
+    ``num_batches_divided_by`` (``verl/workers/engine/utils.py: prepare_micro_batches``; static counts are not
+    rounded up)."""
+    if count % group:
+        raise StageFailure("M20", "AssertionError", vpp_message(count, group))
+
+
+def vpp_message(count: int, group: int) -> str:
+    """verl's VPP assert text; its placeholder prints the list of micro-batch TensorDicts, shown here by count."""
+    return message("M20", micro_batches=f"[{count} micro-batches]", num_batches_divided_by=group)
+
+
 def dynamic_partitions(
-    ctx: Ctx, per_rank: Sequence[Sequence[int]], budget: int
+    ctx: Ctx, per_rank: Sequence[Sequence[int]], budget: int, group: int | None = None
 ) -> tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]:
     """Dynamic micro-batches of every DP rank at once (count synced by MAX): per rank (local index lists, tokens,
-    workloads), and the sync collectives each rank issues (names from ``labkit.rules.collectives.COLLECTIVES``).
+    workloads), and the sync collectives each rank issues (names from ``labkit.rules.collectives.COLLECTIVES``);
+    ``group``: Megatron's G, the count rounded up to a multiple of it.
     """
-    return dynamic_partitions_each(ctx, [per_rank], budget)[0]
+    return dynamic_partitions_each(ctx, [per_rank], budget, group)[0]
 
 
 def dynamic_partitions_each(
-    ctx: Ctx, batches: Sequence[Sequence[Sequence[int]]], budget: int
+    ctx: Ctx, batches: Sequence[Sequence[Sequence[int]]], budget: int, group: int | None = None
 ) -> list[tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]]:
     """``dynamic_partitions`` of several batches the DP ranks cut one after another (an update's mini-batches),
     planned together (``labkit.balance.micro_batches.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
-    keys = [("dyn", ctx.profile, budget, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
+    keys = [("dyn", ctx.profile, budget, group, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
     todo = [j for j, key in enumerate(keys) if key not in ctx.cache]
     if todo:
         lens = [[[ctx.lengths[i] for i in idx] for idx in batches[j]] for j in todo]
         width = ctx.geo.width if ctx.profile == "legacy" else None
         try:
-            plans = plan_dp_micro_batches_each(lens, budget, profile=ctx.profile, max_seq_len=width)
+            plans = plan_dp_micro_batches_each(
+                lens, budget, profile=ctx.profile, max_seq_len=width, num_batches_divided_by=group
+            )
         except (AssertionError, ValueError) as exc:  # the failing batch (the first, as in verl) names E31's row
             raise _failure(exc, lens[getattr(exc, "batch_index", 0)], ctx.profile) from None
         for j, batch_plans in zip(todo, plans):
@@ -76,6 +93,19 @@ def dynamic_partitions_each(
                 coll["all_reduce(min):within_limit"] = batch_plans[0].attempts
             ctx.cache[keys[j]] = ([(p.indices, p.tokens, p.workloads) for p in batch_plans], coll)
     return [ctx.cache[key] for key in keys]
+
+
+def megatron_padded(ctx: Ctx, ids: Sequence[int], rmpad: bool) -> tuple[int, int]:
+    """A Megatron micro-batch's padded tokens and the share one GPU holds (CP): packed rows each padded to the
+    sequence alignment (``verl/models/mcore/util.py: preprocess_thd_engine``); unpacked (BSHD) rows padded to the
+    longest row, rounded to the alignment (``preprocess_bshd_engine``; verl pads to the mini-batch's longest with
+    ``pad_bshd_to_minibatch_max``, which the micro-batch's longest stands in for)."""
+    layout = ctx.geo.parallel
+    align = sequence_alignment(layout)
+    lens = [ctx.lengths[i] for i in ids]
+    if rmpad:
+        return sum(padded_row(x, align) for x in lens), layout.cp
+    return len(lens) * padded_row(max(lens, default=0), align), layout.cp
 
 
 def _failure(exc: BaseException, lens: list[list[int]], profile: str) -> StageFailure:
@@ -96,7 +126,8 @@ def micro_records(
 
     padded_tokens: rmpad off → legacy rows × (prompt_length + response_length) (the rollout's padded width), engine
     rows × the micro-batch's longest row (``torch.nested.to_padded_tensor``); rmpad on → real tokens + Ulysses pad to
-    a multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch.
+    a multiple of sp (``ulysses_pad``). Each SP rank holds padded_tokens / sp of every packed micro-batch. Megatron
+    (``megatron_padded``): each row padded to TP·CP·2 or TP, and each CP rank holds padded_tokens / CP.
     """
     key = ("rec", id(parts), tuple(idx[:1]), len(idx), sp, rmpad)
     hit = ctx.cache.get(key)
@@ -109,6 +140,7 @@ def micro_records(
         toks = wls = None
     recs, per_sp = [], []
     lens, width = ctx.lengths, ctx.geo.width
+    megatron, share = ctx.geo.parallel.is_megatron, ctx.geo.parallel.cp if ctx.geo.parallel.is_megatron else sp
     for k, part in enumerate(parts):
         ids = [idx[j] for j in part]
         if lens is None:
@@ -118,7 +150,9 @@ def micro_records(
         else:
             tok = sum(map(lens.__getitem__, ids))
             wl = float(sum(map(ctx.workloads.__getitem__, ids)))
-        if not rmpad:
+        if megatron and lens is not None:
+            padded, share = megatron_padded(ctx, ids, rmpad)
+        elif not rmpad:
             if ctx.profile == "legacy":
                 padded = len(ids) * width
             else:
@@ -126,7 +160,7 @@ def micro_records(
         else:
             padded = None if tok is None else ulysses_padded(tok, sp)
         recs.append(MicroBatchRecord(len(ids), tok, padded, wl, ids))
-        per_sp.append(None if padded is None else padded // sp)
+        per_sp.append(None if padded is None else padded // share)
     out = recs, (None if None in per_sp else per_sp)
     ctx.cache[key] = (orig, out)  # holding orig keeps id(orig) from being reused
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.plan.context import Ctx
+from labkit.plan.megatron_passes import megatron_params
 from labkit.rules.failures import mesh_failure
 from labkit.rules.geometry import ARR
 
@@ -116,6 +117,8 @@ class Params:
     notes: list[str] = field(default_factory=list)
     D: int = 0
     slice_sp: int = 0  # sp that pads/slices packed rows (legacy ref: ref sp on the actor's mesh); 0 → sp
+    vpp_group: int | None = None  # Megatron with virtual PP: G, what the micro-batch count must divide by
+    megatron: bool = False  # the pass runs on Megatron's layout (labkit.plan.megatron_passes)
 
 
 def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
@@ -189,9 +192,14 @@ def params(ctx: Ctx, name: str) -> Params:
         # E3 passes (the deprecated global key is set), and the engine never normalises it: init_model's bare
         # assert on log_prob_micro_batch_size_per_gpu stops the worker (B2)
         missing = ("B2", "AssertionError", "")
-    if ctx.geo.world_size % sp:
+    megatron = ctx.geo.parallel.is_megatron
+    if megatron:
+        sp = budget_sp = 1
+        if not ctx.geo.dp_size:
+            raise ctx.mesh_failure()
+    elif ctx.geo.world_size % sp:
         raise mesh_failure(ctx.geo.world_size, sp)
-    return Params(
+    out = Params(
         sp=sp,
         budget_sp=budget_sp,
         dyn=dyn,
@@ -205,3 +213,4 @@ def params(ctx: Ctx, name: str) -> Params:
         D=ctx.geo.world_size // sp,
         slice_sp=budget_sp if legacy and name == "ref_log_prob" else sp,
     )
+    return megatron_params(ctx, name, out) if megatron else out

@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from labkit.balance.balance_batch import balance_batch
-from labkit.plan.context import Ctx, actor_layout, rollout_layout
-from labkit.rules.failures import StageFailure, fail_chunk, mesh_failure
+from labkit.plan.context import Ctx, rollout_layout
+from labkit.rules.failures import StageFailure, fail_chunk
 from labkit.rules.geometry import ARR
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
@@ -191,7 +191,7 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
         tr.stages.append(
             StageRecord("balance", "union + _balance_batch", ctx.geo.samples, "samples", None, "", keys, where)
         )
-        raise mesh_failure(ctx.geo.world_size, ctx.geo.ulysses_sp)
+        raise ctx.mesh_failure()
     D = ctx.geo.dp_size
     rec = StageRecord(
         "balance",
@@ -230,7 +230,7 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
             sums = [ctx.tokens(c) for c in chunks]
             tr.summary["contiguous_seqlen"] = {"min": min(sums), "max": max(sums), "mean": sum(sums) / D}
     for rank in range(ctx.geo.world_size):
-        dp, spr = actor_layout(rank, ctx.geo.ulysses_sp)
+        dp, spr = ctx.train_rank(rank, ctx.geo.ulysses_sp)
         idx = ctx.order[dp]
         extra = {"indices": idx, "tokens_before": ctx.tokens(chunks[dp])}
         tr.ranks.append(

@@ -10,8 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import accumulate
 
-from labkit.plan.context import Ctx, actor_layout
-from labkit.plan.micro_batches import dynamic_partitions, dynamic_partitions_each, micro_records, static_partitions
+from labkit.plan.context import Ctx
+from labkit.plan.megatron_passes import forward_collectives, megatron_coords, optimizer_collectives
+from labkit.plan.micro_batches import (
+    check_vpp_groups,
+    dynamic_partitions,
+    dynamic_partitions_each,
+    micro_records,
+    static_partitions,
+)
 from labkit.plan.roles import TITLES, Params, params
 from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk
@@ -25,12 +32,15 @@ def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dic
     if p.dyn:
         if ctx.lengths is None:
             return None, {}
-        return dynamic_partitions(ctx, chunks, p.budget * p.budget_sp)
+        return dynamic_partitions(ctx, chunks, p.budget * p.budget_sp, p.vpp_group)
     if p.micro is None:
         raise StageFailure(*p.missing)
     if p.micro == 0:  # legacy: a deprecated global size floor-divided to 0 per GPU; DataProto.split(0)
         raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
-    return [static_partitions(len(c), p.micro, ctx.profile) for c in chunks], {}
+    parts = [static_partitions(len(c), p.micro, ctx.profile) for c in chunks]
+    if p.vpp_group and ctx.profile == "engine":
+        check_vpp_groups(len(parts[0]), p.vpp_group)
+    return parts, {}
 
 
 # engine (0.9.1) TrainingWorker._postprocess_output, once per forward-only call and per update mini-batch
@@ -43,6 +53,19 @@ def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
         out["all_to_all(ulysses)"] = n_micro
         if slice_sp > 1:  # gather_outputs_and_unpad only where the rows were sliced
             out["all_gather(ulysses_outputs)"] = n_micro
+    return out
+
+
+def _pass_colls(ctx: Ctx, p: Params, rank: int, backward: bool = False) -> dict[str, int]:
+    """One micro-batch's forward (and backward) collectives on ``rank``: FSDP's gathers and Ulysses all-to-alls, or
+    Megatron's TP/SP, CP and pipeline P2P on the rank's stage (``labkit.plan.megatron_passes``)."""
+    if not p.megatron:
+        return _forward_colls(1, p.sp, p.slice_sp)
+    layout = ctx.geo.parallel
+    stage = megatron_coords(layout, rank)["pp"]
+    out = forward_collectives(layout, stage)
+    if backward:
+        _add(out, forward_collectives(layout, stage, backward=True))
     return out
 
 
@@ -95,7 +118,7 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     rec.note = "; ".join(notes)
     per_dp: dict[int, tuple] = {}
     for rank in range(ctx.geo.world_size):
-        dp, spr = actor_layout(rank, sp)
+        dp, spr = ctx.train_rank(rank, sp)
         idx = chunks[dp]
         if dp not in per_dp:  # every SP rank of a DP group holds the same rows (records shared)
             per_dp[dp] = ([], None) if parts is None else micro_records(ctx, idx, parts[dp], p.slice_sp, rmpad)
@@ -110,13 +133,15 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
             _add(coll, sync)
             if ctx.profile == "engine":
                 coll["all_reduce(sum):batch_num_tokens"] = 1
-            _add(coll, _forward_colls(len(micro), sp, p.slice_sp))
+            one = _pass_colls(ctx, p, rank)
+            _add(coll, one, len(micro))
             if ctx.profile == "engine":
                 _add(coll, ENGINE_METRIC_COLLS)
         if per_sp is not None:
-            extra["tokens_per_sp_rank"] = per_sp
+            extra["tokens_per_gpu" if p.megatron else "tokens_per_sp_rank"] = per_sp
+        extra.update(ctx.megatron_extra(rank))
         if micro and parts is not None:  # each micro-batch's own collectives (its forward)
-            extra["micro_collectives"] = [_forward_colls(1, sp, p.slice_sp) for _ in micro]
+            extra["micro_collectives"] = [one] * len(micro)  # one shared dict (read-only)
         padded = [x.padded_tokens for x in micro]
         tr.ranks.append(
             RankRecord(
@@ -219,7 +244,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     starts = [0, *accumulate(minis)][:-1]  # row offset of each mini-batch
     subs = [[c[starts[j] : starts[j] + size] for c in chunks] for j, size in enumerate(minis)]
     if p.dyn and ctx.lengths is not None:  # per mini-batch j: (partitions per DP rank, sync collectives)
-        per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp)
+        per_mini = dynamic_partitions_each(ctx, subs, p.budget * p.budget_sp, p.vpp_group)
     else:
         per_mini = [_cut(ctx, p, sub) for sub in subs]
     run = None if dyn else len(per_mini[0][0][0])  # micro-batches rank 0 runs in its first mini-batch
@@ -237,6 +262,8 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         + f"; optimizer steps = ppo_epochs × mini-batches = {epochs} × {len(minis)} = {steps}"
     )
     notes = [f"loss scale: {scale}"] + p.notes
+    if p.megatron:
+        notes.append("Megatron: each micro-batch loss × its micro-batch count (the mcore schedule divides by it)")
     if ctx.profile == "legacy" and len(minis) == 1 and epochs == 1 and name == "update_actor":
         notes.append("on-policy shortcut: old_log_prob replaced by the current forward (ratio ≡ 1)")
     if ctx.profile == "legacy" and minis[-1] != minis[0]:
@@ -263,14 +290,22 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     }
     per_dp: dict[int, tuple] = {}
     for rank in range(ctx.geo.world_size):
-        dp, spr = actor_layout(rank, sp)
+        dp, spr = ctx.train_rank(rank, sp)
         if dp not in per_dp:
-            per_dp[dp] = _update_rank(ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs)
+            per_dp[dp] = _update_rank(
+                ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs, p.megatron
+            )
         micro_all, ga_list, scales, coll, per_micro = per_dp[dp]
         coll = dict(coll)
+        if p.megatron:  # Megatron's collectives depend on the rank's pipeline stage, not only on its DP rank
+            one = _pass_colls(ctx, p, rank, backward=True)
+            per_micro = [one] * len(micro_all)  # one shared dict per rank (read-only)
+            _add(coll, one, len(micro_all))
+            _add(coll, optimizer_collectives(ctx.geo.parallel), steps)
         if ctx.dispatch == "all_gather" and sp > 1:
             coll["all_gather(data_proto)"] = 1
         extra = {"ga_per_mini": ga_list, "optimizer_steps": steps, "epochs": epochs, "dynamic": dyn}
+        extra.update(ctx.megatron_extra(rank))
         if per_micro:
             extra["micro_collectives"] = per_micro
         if scales:
@@ -307,6 +342,7 @@ def _update_rank(
     m: int | None,
     dyn: bool,
     epochs: int,
+    megatron: bool = False,
 ) -> tuple[list, list, list, dict]:
     """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives
     (per rank, and per micro-batch: its forward and backward)."""
@@ -326,6 +362,8 @@ def _update_rank(
             _add(coll, {"all_reduce(sum):batch_num_tokens": 1, "all_gather_object(global_token_num)": 1})
             _add(coll, ENGINE_METRIC_COLLS)
         n = len(micro)
+        if megatron:  # the pass collectives are the rank's stage's (added per rank by update_stage)
+            continue
         _add(
             coll,
             {

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from labkit.balance.balance_batch import log_seqlen_unbalance, v1_partitions
-from labkit.plan.context import Ctx, actor_layout
+from labkit.plan.context import Ctx
 from labkit.rules.catalogue import entry
-from labkit.rules.failures import StageFailure, mesh_failure
+from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import ARR
 from labkit.rules.v1_loop import SYNTHETIC_PADDING_SEQ_LEN, agent_loop_split, completion_keys
 from labkit.trace import RankRecord, StageRecord, StepTrace
@@ -138,7 +138,7 @@ def padding(ctx: Ctx, tr: StepTrace) -> None:
     """Synthetic rows up to a multiple of lcm(D, critic M·n, actor M·n): 128 eos tokens, loss mask 0, own uid."""
     if not ctx.geo.dp_size:
         tr.stages.append(StageRecord("padding", "synthetic padding rows", ctx.geo.generated_samples, "samples"))
-        raise mesh_failure(ctx.geo.world_size, ctx.geo.ulysses_sp)
+        raise ctx.mesh_failure()
     X, L, pad = ctx.geo.survivors, ctx.geo.required_multiple, ctx.geo.padding_rows
     tr.stages.append(
         StageRecord(
@@ -165,7 +165,7 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
     D, N = ctx.geo.dp_size, ctx.geo.samples
     if not D:
         tr.stages.append(StageRecord("balance", "_balance_batch (always)", N, "samples"))
-        raise mesh_failure(ctx.geo.world_size, ctx.geo.ulysses_sp)
+        raise ctx.mesh_failure()
     size = N // D
     rec = StageRecord(
         "balance",
@@ -191,10 +191,13 @@ def balance(ctx: Ctx, tr: StepTrace) -> None:
         tr.summary["global_seqlen"] = log_seqlen_unbalance(ctx.lengths, ctx.order, "global_seqlen")
     else:
         ctx.order = chunks
+    pads_of: dict[int, int] = {}
     for rank in range(ctx.geo.world_size):
-        dp, spr = actor_layout(rank, ctx.geo.ulysses_sp)
+        dp, spr = ctx.train_rank(rank, ctx.geo.ulysses_sp)
         idx = ctx.order[dp]
-        pads = sum(1 for i in idx if ctx.rows[i] is None)
+        if dp not in pads_of:
+            pads_of[dp] = sum(1 for i in idx if ctx.rows[i] is None)
+        pads = pads_of[dp]
         tr.ranks.append(
             RankRecord(
                 "balance",

@@ -37,6 +37,35 @@ COLLECTIVES: dict[str, str] = {
     "the TP group; 2 per decoder layer per forward step of generate",
     "broadcast(tp):logits": "rollout TP: each forward step's logits broadcast from TP rank 0 so every TP rank samples "
     "the same token (labkit's stand-in for vLLM's driver-side sampling); once per forward step",
+    "all_gather(tp_sp)": "Megatron sequence parallel: a layer's input all-gathered over the TP group before its "
+    "column-parallel linears; counted once per micro-batch forward (it runs in every layer)",
+    "reduce_scatter(tp_sp)": "Megatron sequence parallel: a row-parallel linear's output reduce-scattered over the TP "
+    "group; counted once per micro-batch forward (every layer)",
+    "all_gather(tp_sp):backward": "the backward of Megatron's sequence-parallel reduce-scatter; once per micro-batch "
+    "backward",
+    "reduce_scatter(tp_sp):backward": "the backward of Megatron's sequence-parallel all-gather; once per micro-batch "
+    "backward",
+    "all_reduce(megatron_tp)": "Megatron TP without sequence parallel: the row-parallel partial sums all-reduced over "
+    "the TP group; counted once per micro-batch forward (every layer)",
+    "all_reduce(megatron_tp):backward": "the backward of a column-parallel linear's input: gradients all-reduced over "
+    "the TP group; once per micro-batch backward",
+    "ring_exchange(cp)": "Megatron context parallel: K/V chunks passed around the CP ring in each attention layer; "
+    "counted once per micro-batch forward",
+    "ring_exchange(cp):backward": "context parallel's ring in the attention backward; once per micro-batch backward",
+    "recv(pp):activation": "pipeline parallel: the previous stage's output received; once per micro-batch forward "
+    "(every stage but the first)",
+    "send(pp):activation": "pipeline parallel: this stage's output sent to the next; once per micro-batch forward "
+    "(every stage but the last)",
+    "recv(pp):grad": "pipeline parallel: the gradient of this stage's output received from the next stage; once per "
+    "micro-batch backward (every stage but the last)",
+    "send(pp):grad": "pipeline parallel: the gradient of this stage's input sent to the previous stage; once per "
+    "micro-batch backward (every stage but the first)",
+    "reduce_scatter(dp_cp):grads": "Megatron's distributed optimizer: gradients reduce-scattered over the DP×CP group "
+    "(bucket by bucket); once per optimizer step",
+    "all_gather(dp_cp):params": "Megatron's distributed optimizer: updated parameter shards all-gathered over DP×CP; "
+    "once per optimizer step",
+    "all_reduce(dp_cp):grads": "Megatron DDP without the distributed optimizer: gradients all-reduced over DP×CP; once "
+    "per optimizer step",
     "all_gather(tp):fingerprint": "rollout TP: a fingerprint of the prompts before generate and of the outputs after, "
     "gathered to check every TP rank holds the same rows; twice per generate call",
 }

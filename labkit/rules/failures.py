@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 
 from labkit.rules.catalogue import message
+from labkit.rules.parallel_layout import ParallelLayout
 
 
 class StageFailure(Exception):
@@ -35,3 +36,10 @@ def mesh_failure(W: int, sp: int) -> StageFailure:
         f"torch init_device_mesh(mesh_shape=({W // sp}, {sp}), mesh_dim_names="
         f"['dp', 'sp']) cannot cover a world of {W} ranks (exact text depends on the torch version)",
     )
+
+
+def megatron_mesh_failure(layout: ParallelLayout) -> StageFailure:
+    """megatron-core cannot lay out W ranks when TP·PP·CP does not divide W (``parallel_state.py:
+    initialize_model_parallel``, RuntimeError at worker init)."""
+    size = layout.tp * layout.pp * layout.cp
+    return StageFailure("M1", "RuntimeError", f"world_size ({layout.world_size}) is not divisible by {size}")

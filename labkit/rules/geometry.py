@@ -14,6 +14,7 @@ from typing import Any
 
 from labkit.config.keys import ARR
 from labkit.config.lengths import resolve_lengths
+from labkit.rules.parallel_layout import FSDP, ParallelLayout
 from labkit.rules.v1_loop import actor_updates_at, loop_of, padding_rows, required_batch_multiple
 
 WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L², the linear term sized for a 7B model (h = 4096)
@@ -117,6 +118,14 @@ class BatchGeometry:
     buffer keeps their group's survivors and padding makes up the rest."""
     critic_warmup: int = 0
     """``trainer.critic_warmup``: the first global step with an actor update."""
+    layout: ParallelLayout | None = None
+    """The training engine's parallel layout (FSDP: DP × Ulysses SP; Megatron: TP × CP × EP × DP × PP), read once
+    with the geometry; ``dp_size`` is its trainer-facing DP size."""
+
+    @property
+    def parallel(self) -> ParallelLayout:
+        """The layout, or the FSDP layout of these sizes when the geometry was built by hand."""
+        return self.layout or ParallelLayout(FSDP, self.world_size, ulysses_sp=self.ulysses_sp)
 
     @property
     def survivors(self) -> int:
@@ -172,7 +181,8 @@ class BatchGeometry:
         ``global_step`` with the v1 sessions ``failed_sessions`` (trajectory indices) failed. ValueError for a step
         below 1 or failed sessions outside the v1 loop or outside 0..B·n-1."""
         g = cfg.get
-        n, world, sp = g(f"{ARR}.rollout.n"), cfg.n_gpus, g(f"{ARR}.actor.ulysses_sequence_parallel_size")
+        layout = ParallelLayout.from_config(cfg)
+        n, world, sp = g(f"{ARR}.rollout.n"), cfg.n_gpus, layout.ulysses_sp
         tp, rdp, pp = (g(f"{ARR}.rollout.{k}_parallel_size") for k in ("tensor_model", "data", "pipeline_model"))
         prompts, pl, rl = (
             dataloader_batch_size(g),
@@ -181,7 +191,7 @@ class BatchGeometry:
         )
         rmpad = g(f"{ARR}.{'model' if cfg.profile == 'engine' else 'actor'}.use_remove_padding")
         loop = loop_of(cfg.profile, cfg.profile == "engine" and g("trainer.use_v1"))
-        D = dp_size_of(world, sp)
+        D = layout.trainer_dp_size
         multiple, pad = None, 0
         if global_step < 1:
             raise ValueError(f"global_step must be 1 or more (verl's first step is 1), got {global_step}")
@@ -225,6 +235,7 @@ class BatchGeometry:
             global_step=global_step,
             failed_sessions=failed,
             critic_warmup=warmup,
+            layout=layout,
         )
 
 
