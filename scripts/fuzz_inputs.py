@@ -178,12 +178,30 @@ def _log(rng: random.Random) -> str:
     return text
 
 
+def megatron_overrides(rng: random.Random) -> list[str]:
+    """The Megatron engine with random sizes (some that do not divide the GPUs, the heads or the layers)."""
+    m = "actor_rollout_ref.actor.megatron"
+    out = [rng.choice(["model_engine=megatron", "actor_rollout_ref.actor.strategy=megatron"])]
+    for key in ("tensor_model", "pipeline_model", "context", "expert_model"):
+        out.append(f"{m}.{key}_parallel_size={rng.choice([1, 1, 2, 3, 4, 8])}")
+    if rng.random() < 0.3:
+        out.append(f"{m}.virtual_pipeline_model_parallel_size={rng.choice([1, 2, 3, 'null'])}")
+    if rng.random() < 0.3:
+        grain = rng.choice(["full", "selective", "null", "bogus"])
+        out.append(f"{m}.override_transformer_config.recompute_granularity={grain}")
+    if rng.random() < 0.2:
+        out.append(f"actor_rollout_ref.model.path={rng.choice(['Qwen/Qwen3-8B', 'Qwen/Qwen3-30B-A3B', 'nope/x'])}")
+    return out
+
+
 def cases(count: int, seed: int, folder: Path) -> list[tuple[str, list[str], str | None]]:
     """(entry, argv, stdin) for ``count`` cases drawn from ``seed``; files are written under ``folder``."""
     rng, keys = random.Random(seed), sorted(KEYS)
     out = []
     for k in range(count):
         overrides = random_overrides(rng)
+        if rng.random() < 0.3:
+            overrides += megatron_overrides(rng)
         if rng.random() < 0.5:
             overrides += [f"{rng.choice(keys)}={rng.choice(HOSTILE)}" for _ in range(rng.randint(1, 3))]
         profile = ["--profile", rng.choice(["legacy", "engine"])]

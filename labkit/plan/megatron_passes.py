@@ -140,3 +140,20 @@ def optimizer_collectives(layout: ParallelLayout) -> dict[str, int]:
     if layout.use_distributed_optimizer:
         return {"reduce_scatter(dp_cp):grads": 1, "all_gather(dp_cp):params": 1, "all_reduce(sum):grad_norm": 1}
     return {"all_reduce(dp_cp):grads": 1, "all_reduce(sum):grad_norm": 1}
+
+
+def megatron_summary(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout's sizes for a plan's summary: TP, PP, VPP, CP, EP, ETP, D, expert DP, SP and the optimizer."""
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "etp": layout.etp,
+        "dp": layout.dp_size,
+        "expert_dp": layout.expert_dp_size,
+        "sequence_parallel": layout.sequence_parallel,
+        "distributed_optimizer": layout.use_distributed_optimizer,
+        "dynamic_context_parallel": layout.dynamic_context_parallel,
+    }

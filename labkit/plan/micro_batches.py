@@ -102,10 +102,13 @@ def megatron_padded(ctx: Ctx, ids: Sequence[int], rmpad: bool) -> tuple[int, int
     ``pad_bshd_to_minibatch_max``, which the micro-batch's longest stands in for)."""
     layout = ctx.geo.parallel
     align = sequence_alignment(layout)
-    lens = [ctx.lengths[i] for i in ids]
     if rmpad:
-        return sum(padded_row(x, align) for x in lens), layout.cp
-    return len(lens) * padded_row(max(lens, default=0), align), layout.cp
+        rows = ctx.cache.get("megatron_padded_rows")
+        if rows is None:  # each row's padded length, once per plan
+            rows = ctx.cache["megatron_padded_rows"] = [padded_row(x, align) for x in ctx.lengths]
+        return sum(map(rows.__getitem__, ids)), layout.cp
+    longest = max(map(ctx.lengths.__getitem__, ids), default=0)
+    return len(ids) * padded_row(longest, align), layout.cp
 
 
 def _failure(exc: BaseException, lens: list[list[int]], profile: str) -> StageFailure:

@@ -20,6 +20,7 @@ from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
 from labkit.plan import v1_stages as V
 from labkit.plan.context import Ctx
+from labkit.plan.megatron_passes import megatron_summary
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import BatchGeometry
@@ -111,8 +112,11 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
             "A": ctx.geo.agent_workers,
             "width": ctx.geo.width,
             "rmpad": ctx.geo.remove_padding,
+            "engine": ctx.geo.parallel.engine,
         }
     )
+    if ctx.geo.parallel.is_megatron:
+        s["megatron"] = megatron_summary(ctx.geo.parallel)
     upd = s.get("update", {}).get("update_actor", {})
     s["mini_normalized"] = upd.get("mini_normalized")
     s["mini_batches"] = upd.get("mini_batches")

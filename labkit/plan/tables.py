@@ -24,7 +24,7 @@ RANK_TITLE = "Per rank (identical consecutive ranks grouped)"
 RANK_COLUMNS = (
     ("stage", "left"),
     ("ranks", "left"),
-    ("dp/tp/sp", "left"),
+    ("mesh coordinates", "left"),
     ("rows", "right"),
     ("tokens", "right"),
     ("micro-batches", "left"),
@@ -81,6 +81,14 @@ def _coord(values: list) -> str:
     return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
 
 
+def _coords(group: list[RankRecord]) -> str:
+    """A run's mesh coordinates: Megatron's ``dp tp cp pp`` (from ``extra["megatron"]``), else ``dp tp sp``."""
+    if "megatron" in group[0].extra:
+        return " ".join(f"{k}{_coord([g.extra['megatron'][k] for g in group])}" for k in ("dp", "tp", "cp", "pp"))
+    names = (("dp", "dp_rank"), ("tp", "tp_rank"), ("sp", "sp_rank"))
+    return " ".join(f"{k}{_coord([getattr(g, f) for g in group])}" for k, f in names)
+
+
 def _micro_text(r: RankRecord) -> str:
     if not r.micro_batches:
         return "—"
@@ -118,7 +126,7 @@ def rank_rows(tr: StepTrace) -> list[tuple[str, ...]]:
     for s in tr.stages:
         for group in rank_groups(tr.at(s.name)):
             r = group[0]
-            coords = "/".join(_coord([getattr(g, f) for g in group]) for f in ("dp_rank", "tp_rank", "sp_rank"))
+            coords = _coords(group)
             out.append(
                 (
                     s.name,
@@ -134,12 +142,22 @@ def rank_rows(tr: StepTrace) -> list[tuple[str, ...]]:
     return out
 
 
+def _layout_row(s: dict) -> tuple[str, Any, str | None]:
+    """The training layout: W / D / Ulysses sp (FSDP), or W / D / TP·PP·CP with VPP and EP (Megatron)."""
+    m = s.get("megatron")
+    if not m:
+        return ("GPUs W / actor DP D / Ulysses sp", f"{s.get('W')} / {s.get('D')} / {s.get('sp')}", None)
+    extra = "".join(f", {k.upper()} {m[k]}" for k in ("vpp", "ep") if m.get(k) and m[k] > 1)
+    text = f"{s.get('W')} / {s.get('D')} / {m['tp']}·{m['pp']}·{m['cp']}{extra}"
+    return ("GPUs W / actor DP D / Megatron TP·PP·CP", text, None)
+
+
 def summary_rows(tr: StepTrace) -> list[tuple[str, Any, str | None]]:
     """(what, value, mood): the key numbers of the step, then where verl stops (mood "error") or "ok"."""
     s = tr.summary
     rows: list[tuple[str, Any, str | None]] = [
         ("trainer loop", s.get("loop_title"), None),
-        ("GPUs W / actor DP D / Ulysses sp", f"{s.get('W')} / {s.get('D')} / {s.get('sp')}", None),
+        _layout_row(s),
         ("rollout tp / replicas R / agent workers A", f"{s.get('tp')} / {s.get('R')} / {s.get('A')}", None),
         ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('generated_samples')} samples", None),
     ]
