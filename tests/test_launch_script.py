@@ -180,6 +180,16 @@ python3 -m verl.trainer.main_ppo a.m=$M a.g=$G"""
     read = read_script(text)
     assert read.args[0].text == "a.m=2" and "case on a value labkit does not know" in read.args[1].unknown
     assert [a.text for a in read_script(text, sets={"D": "npu"}).args] == ["a.m=2", "a.g=16"]
+    assert "it sets $D: pass --set D=VALUE" in read.args[1].unknown
+
+
+def test_the_device_probe_names_the_variable_and_what_a_cuda_machine_gives():
+    text = """DEVICE=${DEVICE:-$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)}
+case "$DEVICE" in gpu) G=8;; npu) G=16;; esac
+python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$G"""
+    why = read_script(text).args[0].unknown
+    assert "it sets $DEVICE: pass --set DEVICE=VALUE (a CUDA machine gives gpu)" in why
+    assert read_script(text, sets={"DEVICE": "gpu"}).args[0].text == "trainer.n_gpus_per_node=8"
 
 
 @pytest.mark.parametrize(
@@ -312,9 +322,9 @@ def test_hydra_forms():
 @pytest.mark.parametrize(
     "script, message",
     [
-        ("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer a.b=1", "--config-name ppo_megatron"),
+        ("python3 -m verl.trainer.main_ppo --config-name=my_recipe a.b=1", "--config-name my_recipe"),
         ("python3 -m verl.trainer.main_ppo --config-path=/opt/dapo/cfg --config-name=dapo x=1", "in /opt/dapo/cfg"),
-        ("python3 -m verl.trainer.main_ppo model_engine=megatron", "labkit models model_engine=dp only"),
+        ("python3 -m verl.trainer.main_ppo model_engine=veomni", "labkit models model_engine=dp|megatron only"),
         ("python3 -m verl.trainer.main_generation_server a=1", "the entry point verl.trainer.main_generation_server"),
         ("python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$(nproc)", "line 1: command substitution $(nproc)"),
     ],

@@ -178,7 +178,17 @@ class Builtins:
         if name in self.sh.env:
             self.sh.assumed.setdefault(f"{name} (--set, for {value.unknown})", line)
             return Val(self.sh.env[name], assumed=frozenset([name]))
-        return value
+        if "--set " in value.unknown:  # already names the variable that answers it
+            return value
+        return unknown_val(f"{value.unknown}; it sets ${name}: pass --set {name}=VALUE{_probe_hint(value.unknown)}")
+
+
+def _probe_hint(why: str) -> str:
+    """For the device probe of verl's scripts (``import torch_npu`` ... ``echo npu || echo gpu``): what a CUDA
+    machine prints."""
+    if "torch_npu" in why:
+        return " (a CUDA machine gives gpu)"
+    return ""
 
 
 def _stdout_redirected(cmd: Simple) -> bool:

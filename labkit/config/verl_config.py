@@ -57,6 +57,20 @@ def _verl_keys() -> set[str]:
 _VERL_KEYS: set[str] | None = None
 
 
+def _open_mapping(path: str) -> str | None:
+    """The key of verl's config that ``path`` lies inside (``rollout.engine_kwargs.sglang`` for
+    ``rollout.engine_kwargs.sglang.attention_backend``): a mapping whose keys verl leaves open, or None."""
+    global _VERL_KEYS
+    if _VERL_KEYS is None:
+        _VERL_KEYS = _verl_keys()
+    parts = path.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:k])
+        if prefix in _VERL_KEYS:
+            return prefix
+    return None
+
+
 def closest_key(path: str, candidates: Iterable[str] | None = None) -> str | None:
     """The known key closest to ``path`` (difflib on the full dotted path, then on the leaf name)."""
     pool = list(candidates or KEYS)
@@ -214,6 +228,17 @@ class VerlConfig:
                 raise ConfigError(
                     f"{origin}: '{path}' is not a key of the {self.profile} profile (only of "
                     f"{', '.join(key.profiles)})."
+                )
+            mapping = _open_mapping(path)
+            if mapping is not None:  # Hydra's struct mode: a new key inside a mapping needs '+'
+                raise ConfigError(
+                    f"{origin}: Could not override '{path}'. To append to your config use +{path}=… "
+                    f"('{mapping}' is a mapping of verl's config; Hydra adds a key to it only with '+')."
+                )
+            if path.endswith(".model_engine"):  # verl's examples at some commits set it under the actor
+                raise ConfigError(
+                    f"{origin}: unknown key '{path}': verl 0.9.1's config has no such key (Hydra stops with "
+                    "\"Key 'model_engine' is not in struct\"); the backend is the top-level group model_engine=megatron."
                 )
             hint = closest_key(path)
             raise ConfigError(f"{origin}: unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
