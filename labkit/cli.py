@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from labkit.config import versions
 from labkit.config.launch_script import MAX_SCRIPT_BYTES, LaunchError, exact_args, parse_sets, read_script
 from labkit.config.lengths import LengthsError, parse_lengths
 from labkit.config.messages import clip
@@ -33,6 +34,7 @@ from labkit.plan import tables
 from labkit.trace import StepTrace
 
 SET_HELP = "a shell variable's value for the script (the environment, or what $(...) printed); repeatable"
+VERL_HELP = "the verl release you run (0.5, 0.6, 0.7, 0.8, 0.9.0, 0.9.1): picks the profile and loop it runs"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,9 +65,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--profile",
             choices=("legacy", "engine"),
-            default="engine",
-            help="legacy: verl <= 0.8 workers; engine: verl 0.9.1 (default)",
+            default=None,
+            help="legacy: verl <= 0.7 workers (fsdp_workers.py); engine: verl 0.9.1's engine workers (default)",
         )
+        s.add_argument("--verl", metavar="VERSION", help=VERL_HELP)
         s.add_argument(
             "--lengths",
             default=None,
@@ -94,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument(
                 "--dispatch",
                 choices=("mesh", "all_gather"),
-                default="mesh",
+                default=None,
                 help="mesh: nd dispatch (v0.6+); all_gather: <=v0.5 DP_COMPUTE_PROTO + TP/SP all-gather",
             )
             s.add_argument("--seed", type=int, default=0, help="seed for drawn length profiles")
@@ -140,6 +143,13 @@ def _read_options(ns: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} needs a value")
     if getattr(ns, "lengths", None) is not None:
         ns.lengths = parse_lengths(ns.lengths)
+    if hasattr(ns, "profile"):
+        try:
+            ns.profile, ns.release = versions.resolve(ns.profile, ns.verl)
+        except versions.VersionError as exc:
+            raise ConfigError(str(exc)) from None
+        if hasattr(ns, "dispatch") and ns.dispatch is None:
+            ns.dispatch = ns.release.dispatch if ns.release else "mesh"
     step = getattr(ns, "step", None)
     if step is not None and not 1 <= step <= 10**9:
         raise ConfigError(f"--step must be a global step from 1 (verl's first) to 10**9, got {step}")
@@ -166,6 +176,14 @@ def _source_text(path: str) -> str:
         raise ConfigError(f"{path}: {exc}.") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _ns_config(ns: argparse.Namespace):
+    """The config of a command's arguments, for the release ``--verl`` names (``labkit.config.versions``)."""
+    try:
+        return versions.apply_release(_config(ns.args, ns.profile, ns.set), ns.release)
+    except versions.VersionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _config(args: Sequence[str], profile: str, sets: Sequence[str] = ()):
@@ -244,11 +262,15 @@ def summary_table(tr: StepTrace) -> Table:
 
 
 def _label(cfg: Any) -> str:
-    """ "engine profile, v1 loop": the profile and, for verl 0.9.1, which trainer loop (``trainer.use_v1``)."""
+    """ "engine profile, v1 loop": the profile and, for verl 0.9.1, which trainer loop (``trainer.use_v1``); with
+    ``--verl``, the release and where it differs from what labkit models."""
     from labkit.rules.geometry import BatchGeometry
 
     loop = BatchGeometry.from_config(cfg).loop
-    return f"{cfg.profile} profile" + (f", {loop} loop" if loop != "legacy" else "")
+    label = f"{cfg.profile} profile" + (f", {loop} loop" if loop != "legacy" else "")
+    if cfg.release is not None:
+        label += f", as verl {cfg.release.version} runs it" + "".join(f"; {d}" for d in cfg.release.differences)
+    return label
 
 
 def _console(soft_wrap: bool = False) -> Console:
@@ -262,7 +284,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from labkit.plan.step import PlanTooLarge, plan
     from labkit.rules.geometry import BatchGeometry
 
-    cfg = _config(ns.args, ns.profile, ns.set)
+    cfg = _ns_config(ns)
     step = ns.step or 1
     try:
         geo = BatchGeometry.from_config(cfg, step)
@@ -367,7 +389,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     from labkit.plan.step import PlanTooLarge, plan
     from labkit.rules.v1_loop import first_update_step
 
-    cfg = _config(ns.args, ns.profile, ns.set)
+    cfg = _ns_config(ns)
     from labkit.validate.report import check
 
     report = check(cfg, global_step=ns.step)
@@ -481,9 +503,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from labkit.model.trace_runner import TraceProcess
 
             with TraceProcess() as child:  # it imports torch and transformers while the config is read
-                return memory_command.run(_config(ns.args, ns.profile, ns.set), ns, child.run_one)
+                return memory_command.run(_ns_config(ns), ns, child.run_one)
         if ns.cmd == "memory":
-            return memory_command.run(_config(ns.args, ns.profile, ns.set), ns)
+            return memory_command.run(_ns_config(ns), ns)
         return cmd_plan(ns) if ns.cmd == "plan" else cmd_check(ns)
     except (ConfigError, LengthsError) as exc:
         print(f"labkit: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ import yaml
 from labkit.config.hydra_overrides import HydraError, parse_override
 from labkit.config.keys import ACTOR, BOOL, FLOAT, INT, KEYS, PROFILES, STR, STRLIST, Key
 from labkit.config.messages import InputError
+from labkit.config.versions import Release
 from labkit.config.yaml_input import MAX_FILE_BYTES, YamlInputError, describe, load_yaml, read_config_text
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -151,6 +152,7 @@ class VerlConfig:
     values: dict[str, Any] = field(default_factory=dict)
     ignored: dict[str, Any] = field(default_factory=dict)
     added: dict[str, Any] = field(default_factory=dict)  # +key=value outside verl's schema: accepted, not modelled
+    release: Release | None = None  # the verl release the user named (--verl), else None: the profile's own version
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -192,7 +194,7 @@ class VerlConfig:
         return _coerce(KEYS[path], default, f"interpolation default of '{path}'")
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("profile", "values", "ignored", "added"):
+        if name.startswith("_") or name in ("profile", "values", "ignored", "added", "release"):
             raise AttributeError(name)
         return _Node(self, name)
 
@@ -306,7 +308,7 @@ class VerlConfig:
         return key.follows is not None or key.default_for(self.profile) is not None
 
     def copy(self) -> VerlConfig:
-        return VerlConfig(self.profile, dict(self.values), dict(self.ignored), dict(self.added))
+        return VerlConfig(self.profile, dict(self.values), dict(self.ignored), dict(self.added), self.release)
 
     # -- derived quantities, named as verl names them ---------------------------------------------
     @property

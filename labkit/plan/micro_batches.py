@@ -74,21 +74,23 @@ def dynamic_partitions_each(
 ) -> list[tuple[list[tuple[list[list[int]], list[int], list[int]]], dict[str, int]]]:
     """``dynamic_partitions`` of several batches the DP ranks cut one after another (an update's mini-batches),
     planned together (``labkit.balance.micro_batches.plan_dp_micro_batches_each``); a failure is the first batch's, as in verl."""
-    keys = [("dyn", ctx.profile, budget, group, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
+    # the algorithm: the engine's hard cap (0.9.1), or the budget that only sets the count (legacy, engine 0.8/0.9.0)
+    algo = "engine" if ctx.profile == "engine" and ctx.geo.budget_cap else "legacy"
+    keys = [("dyn", algo, budget, group, tuple(tuple(r) for r in per_rank)) for per_rank in batches]
     todo = [j for j, key in enumerate(keys) if key not in ctx.cache]
     if todo:
         lens = [[[ctx.lengths[i] for i in idx] for idx in batches[j]] for j in todo]
-        width = ctx.geo.width if ctx.profile == "legacy" else None
+        width = ctx.geo.width if ctx.profile == "legacy" else None  # the engine's floor is the longest real row
         try:
             plans = plan_dp_micro_batches_each(
-                lens, budget, profile=ctx.profile, max_seq_len=width, num_batches_divided_by=group
+                lens, budget, profile=algo, max_seq_len=width, num_batches_divided_by=group
             )
         except (AssertionError, ValueError) as exc:  # the failing batch (the first, as in verl) names E31's row
             raise _failure(exc, lens[getattr(exc, "batch_index", 0)], ctx.profile) from None
         for j, batch_plans in zip(todo, plans):
             # verl always syncs here (legacy: world group; engine: the DP group), even when D = 1
             coll = {"all_reduce(max):num_micro_batches": 1}
-            if ctx.profile == "engine":
+            if algo == "engine":
                 coll["all_reduce(max):group_stats"] = 1
                 coll["all_reduce(min):within_limit"] = batch_plans[0].attempts
             ctx.cache[keys[j]] = ([(p.indices, p.tokens, p.workloads) for p in batch_plans], coll)

@@ -13,7 +13,7 @@ from labkit.plan.context import Ctx
 from labkit.rules.catalogue import entry
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import ARR
-from labkit.rules.v1_loop import SYNTHETIC_PADDING_SEQ_LEN, agent_loop_split, completion_keys
+from labkit.rules.v1_loop import agent_loop_split, completion_keys
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 BASE = "verl/trainer/ppo/v1/trainer_base.py: PPOTrainer"
@@ -37,7 +37,7 @@ def arrange_rows(ctx: Ctx, lengths: list[int] | None, completion_order: Sequence
     ctx.rows = [keys[i] for i in order] + [None] * ctx.geo.padding_rows
     ctx.cache["completion_order"] = order
     if lengths is not None:
-        ctx.lengths = [lengths[i] for i in order] + [SYNTHETIC_PADDING_SEQ_LEN] * ctx.geo.padding_rows
+        ctx.lengths = [lengths[i] for i in order] + [ctx.geo.padding_row_tokens] * ctx.geo.padding_rows
         ctx.__post_init__()
 
 
@@ -150,7 +150,7 @@ def padding(ctx: Ctx, tr: StepTrace) -> None:
             f"required multiple = {L}; pad = -{X} % {L} = {pad} → N′ = {ctx.geo.samples}",
             [f"{ARR}.actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "trainer.critic_warmup"],
             "verl/trainer/ppo/padding_utils.py: upsample_batch_to_divisible_size",
-            f"each padding row: {SYNTHETIC_PADDING_SEQ_LEN - 1} prompt + 1 response eos tokens, response/loss mask 0, "
+            f"each padding row: {ctx.geo.padding_row_tokens - 1} prompt + 1 response eos tokens, response/loss mask 0, "
             "reward 0, advantage 0; counted in global_seqlen/*, perf/total_num_tokens and every forward/backward"
             if pad
             else "no padding: B·n is already a multiple",

@@ -15,7 +15,13 @@ from typing import Any
 from labkit.config.keys import ARR
 from labkit.config.lengths import resolve_lengths
 from labkit.rules.parallel_layout import FSDP, ParallelLayout
-from labkit.rules.v1_loop import actor_updates_at, loop_of, padding_rows, required_batch_multiple
+from labkit.rules.v1_loop import (
+    SYNTHETIC_PADDING_SEQ_LEN,
+    actor_updates_at,
+    loop_of,
+    padding_rows,
+    required_batch_multiple,
+)
 
 WORKLOAD_LINEAR = 24576  # verl's calculate_workload: 24576·L + L², the linear term sized for a 7B model (h = 4096)
 MAX_PLANNED_SAMPLES = 2**20  # B·n the planner follows row by row (seconds on 2 cores at the limit)
@@ -118,6 +124,11 @@ class BatchGeometry:
     buffer keeps their group's survivors and padding makes up the rest."""
     critic_warmup: int = 0
     """``trainer.critic_warmup``: the first global step with an actor update."""
+    budget_cap: bool = True
+    """The engine's dynamic token budget is a hard cap (verl 0.9.1) or only sets the micro-batch count (0.8.0, 0.9.0,
+    as the legacy workers); ``labkit.config.versions``."""
+    padding_row_tokens: int = SYNTHETIC_PADDING_SEQ_LEN
+    """Tokens of one synthetic v1 padding row (0.9.1: 128; 0.9.0: 2)."""
     layout: ParallelLayout | None = None
     """The training engine's parallel layout (FSDP: DP × Ulysses SP; Megatron: TP × CP × EP × DP × PP), read once
     with the geometry; ``dp_size`` is its trainer-facing DP size."""
@@ -235,6 +246,8 @@ class BatchGeometry:
             global_step=global_step,
             failed_sessions=failed,
             critic_warmup=warmup,
+            budget_cap=cfg.release is None or cfg.release.budget_cap,
+            padding_row_tokens=SYNTHETIC_PADDING_SEQ_LEN if cfg.release is None else cfg.release.padding_row_tokens,
             layout=layout,
         )
 
