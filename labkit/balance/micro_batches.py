@@ -2,7 +2,7 @@
 
 Mirrors verl/utils/seqlen_balancing.py: rearrange_micro_batches, get_reverse_idx, restore_dynamic_batch and
 verl/workers/engine/utils.py: prepare_micro_batches, under two profiles:
-``legacy`` (verl <= 0.8: the budget is a target, buckets may exceed it) and ``engine`` (0.9.1: a hard cap, E34/E35).
+``legacy`` (verl <= 0.7, and the engine of 0.8.0 and 0.9.0: the budget is a target, buckets may exceed it) and ``engine`` (0.9.1: a hard cap, E34/E35).
 The planner works on sequence lengths; DP all-reduces go through a pluggable `dp_sync`, so one code path serves a
 live rank (a real all_reduce) and the planner (every rank simulated in lockstep by `plan_dp_micro_batches`).
 """

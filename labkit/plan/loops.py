@@ -1,4 +1,4 @@
-"""One config planned under the three trainer loops labkit models, side by side: ``legacy`` (verl <= 0.8 workers,
+"""One config planned under the three trainer loops labkit models, side by side: ``legacy`` (verl <= 0.7 workers,
 RayPPOTrainer), ``v0`` (0.9.1 engine workers, ``trainer.use_v1=false``) and ``v1`` (0.9.1's default loop). Used by
 notebook 10 and ``labkit plan`` readers who upgrade; each row names what differs and the numbers of each loop.
 """

@@ -1,7 +1,7 @@
 """Which config keys drive each forward/update stage, per profile: mesh (Ulysses sp → D), dynamic flag, token
 budget, micro size, remove-padding. Kept apart from the stage arithmetic because the two profiles read different keys.
 
-Legacy (verl ≤ 0.8 ``fsdp_workers.py``): log-prob keys from ``rollout.*`` / ``ref.*`` on the actor's Ulysses mesh,
+Legacy (verl ≤ 0.7 ``fsdp_workers.py``): log-prob keys from ``rollout.*`` / ``ref.*`` on the actor's Ulysses mesh,
 critic keys from ``critic.*``; deprecated global micro sizes are floor-divided by W//sp. Engine (0.9.1
 ``engine_workers.py``): rows arrive unpadded (``left_right_2_no_padding``) and are packed when the model's
 ``use_remove_padding`` is on, else padded to the micro-batch's longest row

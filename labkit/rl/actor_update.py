@@ -1,7 +1,7 @@
 """update_policy on one rank: mini-batches × ppo_epochs, micro-batches for gradient accumulation, the PPO loss scaled
 per profile, gradient clipping with the non-finite skip, and verl's metrics.
 
-legacy (verl ≤ 0.8 dp_actor): mini = M′ (normalised at construction), ``split`` (ragged last allowed), on-policy
+legacy (verl ≤ 0.7 dp_actor): mini = M′ (normalised at construction), ``split`` (ragged last allowed), on-policy
 shortcut, per-micro-batch local denominators × s (1/GA static, rows/M′ dynamic), gradient sync every micro-batch.
 engine (0.9.1): mini = (M·n)/D (E28), iterator (E29, seed 42 + dp_rank), global denominators (mini-batch tokens
 all-reduced over DP, M·n, × dp_size), gradient sync on the last micro-batch only.

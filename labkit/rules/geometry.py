@@ -61,7 +61,7 @@ def rollout_replicas_of(world_size: int, infer_tp: int, infer_pp: int) -> int:
 
 def legacy_normalized_mini(mini_batch_size: int, rollout_n: int, world_size: int, sp: int) -> int:
     """M′ = (M·n) // (W // sp): the legacy worker's per-rank mini-batch, before its E20–E22 asserts.
-    Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ / CriticWorker.__init__ (≤ 0.8)."""
+    Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ / CriticWorker.__init__ (≤ 0.7)."""
     return (mini_batch_size * rollout_n) // (world_size // sp)
 
 
@@ -70,7 +70,7 @@ class BatchGeometry:
     """The sizes of one training step (``from_config``); each field is one of verl's quantities."""
 
     profile: str
-    """``legacy`` (verl ≤ 0.8 workers) or ``engine`` (verl 0.9.1 engine workers)."""
+    """``legacy`` (verl ≤ 0.7 workers) or ``engine`` (verl 0.9.1 engine workers)."""
     train_batch_size: int
     """``data.train_batch_size``: prompts per training step."""
     prompts: int

@@ -15,7 +15,7 @@ def legacy_mini(
 ) -> int:
     """M′ = (M·n)//(W//sp) after the legacy worker's asserts, in verl's order: E20 (actor only), the division by a
     micro size floored to 0 (X1), E21, E22. Mirrors verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__
-    and CriticWorker.__init__ (≤ 0.8). Raises StageFailure."""
+    and CriticWorker.__init__ (≤ 0.7). Raises StageFailure."""
     mini = legacy_normalized_mini(mini_batch_size, rollout_n, world_size, sp)
     if actor and not mini > 0:
         raise StageFailure("E20", "AssertionError", message("E20", mini=mini))

@@ -14,7 +14,7 @@ SYNTHETIC_PADDING_SEQ_LEN = 128
 PADDING_PROMPT_LEN, PADDING_RESPONSE_LEN = SYNTHETIC_PADDING_SEQ_LEN - 1, 1
 """A padding row is 127 eos prompt tokens and 1 eos response token, with response/loss mask 0."""
 LOOP_TITLES = {
-    "legacy": "legacy workers, RayPPOTrainer loop (verl <= 0.8)",
+    "legacy": "legacy workers, RayPPOTrainer loop (verl <= 0.7)",
     "v0": "engine workers, v0 RayPPOTrainer loop (verl 0.9.1, trainer.use_v1=false)",
     "v1": "engine workers, v1 PPOTrainer loop (verl 0.9.1, trainer.use_v1=true, the default)",
 }
