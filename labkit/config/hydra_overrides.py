@@ -118,8 +118,16 @@ def _verl_config_dir(path: str | None) -> bool:
 def check_base(args: HydraArgs, module: str | None = None) -> None:
     """HydraError when the base YAML, a config-group choice or the entry point is one labkit does not model."""
     if module is not None and module not in ("verl.trainer.main_ppo",) and not module.endswith("main_ppo.py"):
+        sync = module.removesuffix(".py").replace("/", ".").endswith("main_ppo_sync")
+        why = (
+            "it is verl 0.8.0's TransferQueue sync trainer (agent-loop outputs into TransferQueue, a ReplayBuffer, "
+            "its own PPOTrainer; 0.9.0 and 0.9.1 have no such module: it became their v1 loop), whose 0.8.0 batch "
+            "path labkit does not model; the v1 loop is main_ppo with trainer.use_v1=true; "
+            if sync
+            else ""
+        )
         raise HydraError(
-            f"the entry point {module} is not modelled: labkit models the config of verl.trainer.main_ppo "
+            f"the entry point {module} is not modelled: {why}labkit models the config of verl.trainer.main_ppo "
             "(`labkit read` prints its arguments)"
         )
     if args.base() not in MODELLED_BASES or not _verl_config_dir(args.config_path):
