@@ -155,3 +155,43 @@ def test_engine_ignores_the_deprecated_global_micro_size_legacy_divides_it_by_dp
     legacy = plan(megatron_cfg(tp=2, gpus=8, profile="legacy", extra=extra))
     # legacy megatron_workers: 8 // D (D = 4) = 2 rows per micro-batch
     assert {mb.rows for r in legacy.at("update_actor") for mb in r.micro_batches} == {2}
+
+
+def test_veomni_dp_is_world_over_its_own_ulysses_size():
+    cfg = load_config(
+        None,
+        [
+            "model_engine=veomni",
+            "trainer.n_gpus_per_node=8",
+            f"{ARR}.actor.veomni.ulysses_parallel_size=4",
+            f"{ARR}.actor.veomni.expert_parallel_size=8",
+            "data.train_batch_size=8",
+            f"{ARR}.rollout.n=2",
+            f"{ARR}.actor.ppo_mini_batch_size=8",
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "algorithm.adv_estimator=grpo",
+        ],
+    )
+    geo = BatchGeometry.from_config(cfg)
+    assert geo.parallel.engine == "veomni" and geo.parallel.ep == 8 and geo.dp_size == 2
+    tr = plan(cfg)
+    recs = tr.at("old_log_prob")
+    assert {r.dp_rank for r in recs} == {0, 1} and {r.rows for r in recs} == {8}
+    assert all(r.collectives.get("all_to_all(ulysses)") == r.n_micro for r in recs)  # the Ulysses group of 4
+    assert cfg.get(f"{ARR}.ref.veomni.ulysses_parallel_size") == 4  # the ref's sizes follow the actor's
+
+
+def test_summary_carries_the_groups_and_the_update_schedule():
+    from labkit.plan.pipeline_schedule import pipeline_schedule
+
+    tr = plan(megatron_cfg(tp=2, pp=2, gpus=8, micro=2))
+    meg = tr.summary["megatron"]
+    rank0 = next(r for r in tr.at("update_actor") if r.rank == 0)
+    want = pipeline_schedule(2, None, rank0.extra["ga_per_mini"][0])
+    assert meg["schedule"]["function"] == want.function
+    assert [s["peak_in_flight"] for s in meg["schedule"]["stages"]] == [min(2 - s, want.num_microbatches) for s in (0, 1)]
+    for dp, ranks in meg["groups"]["same_rows"].items():
+        assert sorted(r.rank for r in tr.at("old_log_prob") if r.dp_rank == int(dp)) == sorted(ranks)
+    # verl collects outputs from TP rank 0 of the last stage, one rank per DP rank
+    assert [tr.at("update_actor")[r].extra["megatron"]["pp"] for r in meg["groups"]["output_ranks"]] == [1, 1]

@@ -19,8 +19,8 @@ _SWITCHES = ("--multirun", "-m", "--cfg", "-c", "--resolve", "--info", "-i", "--
 MODELLED_BASES = ("ppo_trainer", "ppo_megatron_trainer")
 """verl's trainer YAMLs labkit models (``verl/trainer/config/ppo_trainer.yaml``, and ``ppo_megatron_trainer.yaml``:
 0.9.1's shim for ``model_engine=megatron``, 0.7.1's Megatron base)."""
-GROUPS = {"model_engine": ("dp", "megatron")}
-"""Config groups of ppo_trainer.yaml's defaults list, with the choices labkit models (dp = FSDP, megatron)."""
+GROUPS = {"model_engine": ("dp", "megatron", "veomni")}
+"""Config groups of ppo_trainer.yaml's defaults list, with the choices labkit models (dp = FSDP, megatron, veomni)."""
 
 
 class HydraError(ValueError):
@@ -143,6 +143,6 @@ def check_base(args: HydraArgs, module: str | None = None) -> None:
             continue  # reported where the overrides are applied
         if ov.is_group and ov.raw is not None and ov.raw.strip() not in GROUPS[ov.key]:
             raise HydraError(
-                f"'{item}': labkit models {ov.key}={'|'.join(GROUPS[ov.key])} only (FSDP and Megatron workers); "
+                f"'{item}': labkit models {ov.key}={'|'.join(GROUPS[ov.key])} only (FSDP, Megatron and VeOmni workers); "
                 f"the {ov.raw.strip()} engine's config is not modelled"
             )

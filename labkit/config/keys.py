@@ -65,8 +65,8 @@ _KEYS = [
         f"{ACTOR}.strategy",
         STR,
         "fsdp",
-        choices=("fsdp", "fsdp2", "megatron"),
-        doc="the training backend: FSDP, or Megatron (set by model_engine=megatron / ppo_megatron_trainer)",
+        choices=("fsdp", "fsdp2", "megatron", "veomni"),
+        doc="the training backend: FSDP, Megatron (model_engine=megatron / ppo_megatron_trainer) or VeOmni",
     ),
     Key(f"{ACTOR}.ppo_mini_batch_size", INT, 256, minimum=1, doc="prompts per optimizer step, global (M)"),
     Key(f"{ACTOR}.ppo_micro_batch_size", INT, None, nullable=True, minimum=1, doc="deprecated global micro size"),
@@ -178,8 +178,8 @@ _KEYS = [
     Key("critic.fsdp.optimizer_offload", BOOL, False, profiles=("engine",)),
     # critic
     Key("critic.enable", BOOL, None, nullable=True, doc="None: on iff adv_estimator == gae"),
-    Key("critic.strategy", STR, "fsdp", choices=("fsdp", "fsdp2", "megatron")),
-    Key(f"{REF}.strategy", STR, follows=f"{ACTOR}.strategy", choices=("fsdp", "fsdp2", "megatron")),
+    Key("critic.strategy", STR, "fsdp", choices=("fsdp", "fsdp2", "megatron", "veomni")),
+    Key(f"{REF}.strategy", STR, follows=f"{ACTOR}.strategy", choices=("fsdp", "fsdp2", "megatron", "veomni")),
     Key("critic.ppo_mini_batch_size", INT, follows=f"{ACTOR}.ppo_mini_batch_size", minimum=1),
     Key("critic.ppo_micro_batch_size", INT, None, nullable=True, minimum=1),
     Key("critic.ppo_micro_batch_size_per_gpu", INT, follows="critic.ppo_micro_batch_size", nullable=True, minimum=1),
@@ -247,5 +247,26 @@ def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
 
 
 _KEYS += _megatron_block(ACTOR, None) + _megatron_block(REF, ACTOR) + _megatron_block("critic", None)
+
+
+def _veomni_block(prefix: str, follow: str | None = None) -> list[Key]:
+    """``<role>.veomni.*``: verl 0.9.1's ``VeOmniEngineConfig`` sizes (``engine/veomni.yaml``, engine profile only);
+    the ref's parallel sizes follow the actor's (``follow``), as its YAML's ``oc.select`` does."""
+    m = f"{prefix}.veomni"
+
+    def size(leaf: str, doc: str) -> Key:
+        src = f"{follow}.veomni.{leaf}" if follow else None
+        return Key(f"{m}.{leaf}", INT, None if src else 1, follows=src, minimum=1, profiles=("engine",), doc=doc)
+
+    return [
+        size("ulysses_parallel_size", "VeOmni Ulysses SP size"),
+        size("expert_parallel_size", "VeOmni expert parallel size"),
+        Key(f"{m}.fsdp_size", INT, -1, profiles=("engine",), doc="VeOmni FSDP group (-1: all GPUs)"),
+        Key(f"{m}.param_offload", BOOL, False, profiles=("engine",)),
+        Key(f"{m}.optimizer_offload", BOOL, False, profiles=("engine",)),
+    ]
+
+
+_KEYS += _veomni_block(ACTOR) + _veomni_block(REF, ACTOR) + _veomni_block("critic")
 
 KEYS: dict[str, Key] = {k.path: k for k in _KEYS}

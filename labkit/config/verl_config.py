@@ -285,9 +285,9 @@ class VerlConfig:
         return self
 
     def select_engine(self, choice: str) -> None:
-        """``model_engine=dp|megatron`` (0.9.1's config group; ``--config-name ppo_megatron_trainer`` picks megatron):
+        """``model_engine=dp|megatron|veomni`` (0.9.1's config group; ``--config-name ppo_megatron_trainer`` picks megatron):
         the group sets ``strategy`` of the actor, ref and critic, as verl's ``model_engine/*.yaml`` does."""
-        strategy = "megatron" if choice == "megatron" else "fsdp"
+        strategy = choice if choice in ("megatron", "veomni") else "fsdp"
         for path in (f"{ACTOR}.strategy", "critic.strategy"):
             self.values[path] = strategy
 

@@ -14,28 +14,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
+from labkit.plan.pipeline_schedule import pipeline_schedule
 from labkit.rules.geometry import ceil_div
+from labkit.rules.megatron_ranks import MegatronRanks, megatron_ranks
 from labkit.rules.parallel_layout import ParallelLayout
+
+MICROBATCH_GROUP = "override_transformer_config.microbatch_group_size_per_vp_stage"
+"""G's key under ``<role>.megatron``."""
+
+
+@lru_cache(maxsize=16)
+def _ranks(layout: ParallelLayout) -> MegatronRanks:
+    return megatron_ranks(layout)
 
 
 def megatron_coords(layout: ParallelLayout, rank: int) -> dict[str, int]:
     """A global rank's (tp, cp, dp, pp) coordinates in megatron-core's default order ``tp-cp-ep-dp-pp`` (the first
-    varies fastest; EP splits the DP dimension of the expert groups only). Mirrors
-    ``megatron/core/parallel_state.py: RankGenerator``."""
-    tp, cp, dp = layout.tp, layout.cp, max(layout.dp_size, 1)
-    return {
-        "tp": rank % tp,
-        "cp": (rank // tp) % cp,
-        "dp": (rank // (tp * cp)) % dp,
-        "pp": rank // (tp * cp * dp),
-    }
+    varies fastest), plus its expert-parallel rank ``ep`` when EP > 1 (``labkit.rules.megatron_ranks``)."""
+    coords = _ranks(layout).coords
+    out = {k: int(coords[k][rank]) for k in ("tp", "cp", "dp", "pp")}
+    if layout.ep > 1:
+        out["ep"] = int(coords["ep"][rank])
+    return out
 
 
 def trainer_dp_rank(layout: ParallelLayout, rank: int) -> int:
     """The DP rank verl dispatches rows to: the rank's DP coordinate, or 0 for all under dynamic CP."""
-    return 0 if layout.dynamic_context_parallel else megatron_coords(layout, rank)["dp"]
+    return int(_ranks(layout).data_rank[rank])
 
 
 def sequence_alignment(layout: ParallelLayout) -> int:
@@ -76,9 +84,7 @@ def megatron_params(ctx: Any, name: str, p: Any) -> Any:
             micro = dep // max(ctx.geo.dp_size, 1)
     else:
         micro = ctx.get(p.keys[0])
-    group_key = ("critic" if critic else "actor_rollout_ref.actor") + (
-        ".megatron.override_transformer_config.microbatch_group_size_per_vp_stage"
-    )
+    group_key = ("critic" if critic else "actor_rollout_ref.actor") + f".megatron.{MICROBATCH_GROUP}"
     notes = [n for n in p.notes if "sp=1 mesh" not in n and "ref sp" not in n]
     notes.append(
         f"Megatron: D = W/(TP·PP·CP) = {layout.world_size}/({layout.tp}·{layout.pp}·{layout.cp}) = {layout.dp_size}; "
@@ -156,4 +162,42 @@ def megatron_summary(layout: ParallelLayout) -> dict[str, Any]:
         "sequence_parallel": layout.sequence_parallel,
         "distributed_optimizer": layout.use_distributed_optimizer,
         "dynamic_context_parallel": layout.dynamic_context_parallel,
+    }
+
+
+def layout_groups(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout's groups for a plan's summary (``labkit.rules.megatron_ranks``): the ranks that receive each DP
+    rank's rows, the ranks verl collects outputs from, and the first group of each kind."""
+    ranks = _ranks(layout)
+    dp = max(layout.trainer_dp_size, 1)
+    return {
+        "same_rows": {d: ranks.same_rows(d) for d in range(min(dp, 8))},
+        "output_ranks": [int(r) for r in ranks.output_ranks],
+        "first_groups": {kind: ranks.group_of(kind, 0) for kind in ("tp", "cp", "dp", "pp", "dp-cp")},
+    }
+
+
+def update_schedule(layout: ParallelLayout, micro_batches: int, group: int | None) -> dict[str, Any]:
+    """The update's pipeline schedule on every stage for ``micro_batches`` micro-batches per mini-batch
+    (``labkit.plan.pipeline_schedule``): megatron-core's function, warm-up/steady/cool-down counts, the micro-batches
+    in flight at each stage's peak and the bubble of the timeline; or the schedule check that fails."""
+    try:
+        sched = pipeline_schedule(layout.pp, layout.vpp, micro_batches, group)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {
+        "function": sched.function,
+        "micro_batches": micro_batches,
+        "group_size": sched.group_size,
+        "bubble_fraction": round(sched.bubble_fraction, 4),
+        "stages": [
+            {
+                "stage": st.stage,
+                "warmup": st.warmup,
+                "steady": st.steady,
+                "cooldown": st.cooldown,
+                "peak_in_flight": st.peak_in_flight,
+            }
+            for st in sched.stages
+        ],
     }

@@ -51,12 +51,12 @@ def check_vpp_groups(count: int, group: int) -> None:
     ``num_batches_divided_by`` (``verl/workers/engine/utils.py: prepare_micro_batches``; static counts are not
     rounded up)."""
     if count % group:
-        raise StageFailure("M20", "AssertionError", vpp_message(count, group))
+        raise StageFailure("M21", "AssertionError", vpp_message(count, group))
 
 
 def vpp_message(count: int, group: int) -> str:
     """verl's VPP assert text; its placeholder prints the list of micro-batch TensorDicts, shown here by count."""
-    return message("M20", micro_batches=f"[{count} micro-batches]", num_batches_divided_by=group)
+    return message("M21", micro_batches=f"[{count} micro-batches]", group=group)
 
 
 def dynamic_partitions(

@@ -192,6 +192,8 @@ def params(ctx: Ctx, name: str) -> Params:
         # E3 passes (the deprecated global key is set), and the engine never normalises it: init_model's bare
         # assert on log_prob_micro_batch_size_per_gpu stops the worker (B2)
         missing = ("B2", "AssertionError", "")
+    if ctx.geo.parallel.engine == "veomni" and not critic:  # VeOmni's own Ulysses size (veomni.ulysses_parallel_size)
+        sp = budget_sp = ctx.geo.parallel.ulysses_sp
     megatron = ctx.geo.parallel.is_megatron
     if megatron:
         sp = budget_sp = 1

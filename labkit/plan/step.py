@@ -20,10 +20,10 @@ from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
 from labkit.plan import v1_stages as V
 from labkit.plan.context import Ctx
-from labkit.plan.megatron_passes import megatron_summary
+from labkit.plan.megatron_passes import MICROBATCH_GROUP, layout_groups, megatron_summary, update_schedule, vpp_group
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import BatchGeometry
+from labkit.rules.geometry import ARR, BatchGeometry
 from labkit.rules.v1_loop import LOOP_TITLES
 from labkit.trace import StepTrace
 
@@ -117,6 +117,13 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
     )
     if ctx.geo.parallel.is_megatron:
         s["megatron"] = megatron_summary(ctx.geo.parallel)
+        if ctx.geo.dp_size:
+            s["megatron"]["groups"] = layout_groups(ctx.geo.parallel)
+            first = next((r for r in tr.at("update_actor") if r.rank == 0), None)
+            per_mini = first.extra.get("ga_per_mini") if first is not None else None
+            if per_mini:  # rank 0's first mini-batch (a dynamic count can differ by mini-batch: see the ranks)
+                group = vpp_group(ctx.geo.parallel, ctx.get(f"{ARR}.actor.megatron.{MICROBATCH_GROUP}"))
+                s["megatron"]["schedule"] = update_schedule(ctx.geo.parallel, per_mini[0], group)
     upd = s.get("update", {}).get("update_actor", {})
     s["mini_normalized"] = upd.get("mini_normalized")
     s["mini_batches"] = upd.get("mini_batches")

@@ -152,12 +152,29 @@ def _layout_row(s: dict) -> tuple[str, Any, str | None]:
     return ("GPUs W / actor DP D / Megatron TP·PP·CP", text, None)
 
 
+def _schedule_rows(s: dict) -> list[tuple[str, Any, str | None]]:
+    """Megatron: the update's pipeline schedule (megatron-core's function, bubble, micro-batches in flight per
+    stage), or the schedule check that fails."""
+    sched = (s.get("megatron") or {}).get("schedule")
+    if not sched:
+        return []
+    if "error" in sched:
+        return [("pipeline schedule (update)", sched["error"], "error")]
+    flight = ", ".join(str(st["peak_in_flight"]) for st in sched["stages"])
+    return [
+        ("pipeline schedule (update)", f"{sched['function']}, {sched['micro_batches']} micro-batches", None),
+        ("bubble (idle share of the update)", f"{sched['bubble_fraction']:.1%}", None),
+        ("forwards in flight at the peak, per stage (chunks with VPP)", flight, None),
+    ]
+
+
 def summary_rows(tr: StepTrace) -> list[tuple[str, Any, str | None]]:
     """(what, value, mood): the key numbers of the step, then where verl stops (mood "error") or "ok"."""
     s = tr.summary
     rows: list[tuple[str, Any, str | None]] = [
         ("trainer loop", s.get("loop_title"), None),
         _layout_row(s),
+        *_schedule_rows(s),
         ("rollout tp / replicas R / agent workers A", f"{s.get('tp')} / {s.get('R')} / {s.get('A')}", None),
         ("prompts B × n = samples", f"{s.get('B')} × {s.get('n')} = {s.get('generated_samples')} samples", None),
     ]

@@ -42,4 +42,4 @@ def megatron_mesh_failure(layout: ParallelLayout) -> StageFailure:
     """megatron-core cannot lay out W ranks when TP·PP·CP does not divide W (``parallel_state.py:
     initialize_model_parallel``, RuntimeError at worker init)."""
     size = layout.tp * layout.pp * layout.cp
-    return StageFailure("M1", "RuntimeError", f"world_size ({layout.world_size}) is not divisible by {size}")
+    return StageFailure("M7", "RuntimeError", message("M7", world_size=layout.world_size, model_size=size))

@@ -1,6 +1,7 @@
 """The training engine's parallel layout: how W GPUs are cut into tensor, context, expert, data and pipeline groups.
 
-FSDP (``model_engine=dp``): D = W // Ulysses sp. Megatron (``model_engine=megatron``, legacy ``strategy=megatron``):
+FSDP (``model_engine=dp``): D = W // Ulysses sp; VeOmni (``model_engine=veomni``) the same, with its own Ulysses
+size and expert parallelism (``verl/workers/engine/veomni/transformer_impl.py: VeOmniEngine.get_data_parallel_size``). Megatron (``model_engine=megatron``, legacy ``strategy=megatron``):
 megatron-core's layout, D = W // (TP·PP·CP), expert DP = W // (ETP·EP·PP), ranks ordered ``tp-cp-ep-dp-pp`` (the
 first varies fastest). Mirrors ``megatron/core/parallel_state.py: initialize_model_parallel`` (the sizes) and
 ``verl/workers/engine/megatron/transformer_impl.py: MegatronEngine.get_data_parallel_size``. Read once per answer
@@ -14,7 +15,7 @@ from typing import Any
 
 from labkit.config.keys import ACTOR, ARR
 
-FSDP, MEGATRON = "fsdp", "megatron"
+FSDP, MEGATRON, VEOMNI = "fsdp", "megatron", "veomni"
 MEGATRON_SIZE_KEYS = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
@@ -26,9 +27,10 @@ MEGATRON_SIZE_KEYS = (
 
 
 def engine_of(cfg: Any) -> str:
-    """``megatron`` when the actor trains with Megatron (``model_engine=megatron`` or ``actor.strategy=megatron``),
-    else ``fsdp``."""
-    return MEGATRON if cfg.get(f"{ACTOR}.strategy") == MEGATRON else FSDP
+    """``megatron`` or ``veomni`` when the actor trains with that engine (``model_engine=…`` or
+    ``actor.strategy=…``), else ``fsdp``."""
+    strategy = cfg.get(f"{ACTOR}.strategy")
+    return strategy if strategy in (MEGATRON, VEOMNI) else FSDP
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class ParallelLayout:
     """The sizes of one training engine's process groups on W GPUs (all 1 where the engine has no such group)."""
 
     engine: str
-    """``fsdp`` or ``megatron``."""
+    """``fsdp``, ``megatron`` or ``veomni`` (FSDP's layout plus expert parallelism)."""
     world_size: int
     """W, the GPUs of the actor's pool."""
     ulysses_sp: int = 1
@@ -102,7 +104,12 @@ class ParallelLayout:
         layout per process from the first engine (``_init_device_mesh`` returns if mpu is initialised), so the actor's
         sizes are the ones every colocated role runs with."""
         g, world = cfg.get, cfg.n_gpus
-        if engine_of(cfg) != MEGATRON:
+        engine = engine_of(cfg)
+        if engine == VEOMNI:  # FSDP2 with Ulysses and expert parallelism: DP = W // Ulysses (VeOmniEngine)
+            prefix = "critic" if role == "critic" else f"{ARR}.{role}"
+            sp, ep = g(f"{prefix}.veomni.ulysses_parallel_size"), g(f"{prefix}.veomni.expert_parallel_size")
+            return cls(VEOMNI, world, ulysses_sp=sp, ep=ep)
+        if engine != MEGATRON:
             prefix = "critic" if role == "critic" else f"{ARR}.{role}"
             return cls(FSDP, world, ulysses_sp=g(f"{prefix}.ulysses_sequence_parallel_size"))
         m = f"{ACTOR}.megatron"
