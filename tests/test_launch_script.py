@@ -399,3 +399,10 @@ def test_a_script_at_the_size_cap_is_read_in_bounded_time():
     with pytest.raises(LaunchError, match="no verl launch"):
         read_script(text)
     assert time.perf_counter() - start < 2.0
+
+
+def test_a_config_group_into_a_package_is_refused_by_name():
+    from labkit.config.hydra_overrides import HydraError, parse_override
+
+    with pytest.raises(HydraError, match="GROUP@PACKAGE=OPTION"):
+        parse_override("actor@actor_rollout_ref.actor=mlite_actor")

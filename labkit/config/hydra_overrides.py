@@ -55,6 +55,12 @@ def parse_override(item: str) -> Override:
         if not eq:
             raise HydraError(f"Override '{item}' is not of the form key=value")
     key = key.strip()
+    if "@" in key and _KEY.match(key.replace("@", ".")):
+        raise HydraError(
+            f"Override '{item}': '{key}' picks a config group into a package (Hydra's GROUP@PACKAGE=OPTION, e.g. a "
+            "plugin's config found through hydra.searchpath); labkit reads verl's ppo_trainer.yaml and its "
+            "model_engine group only"
+        )
     if not _KEY.match(key):
         raise HydraError(f"Override '{item}': '{key}' is not a dotted key")
     return Override(prefix, key, raw, text)

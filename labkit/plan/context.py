@@ -11,6 +11,7 @@ from labkit.plan.megatron_passes import megatron_coords, trainer_dp_rank
 from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk, megatron_mesh_failure, mesh_failure
 from labkit.rules.geometry import BatchGeometry, workload
+from labkit.rules.megatron_ranks import layout_check
 from labkit.rules.v1_loop import batch_meta_chunks
 
 
@@ -69,6 +70,10 @@ class Ctx:
         megatron-core's DP coordinate (sp_rank 0: Megatron has no Ulysses group)."""
         layout = self.geo.parallel
         if layout.is_megatron:
+            if "megatron_layout_ok" not in self.cache:
+                self.cache["megatron_layout_ok"] = layout_check(layout) is None
+            if not self.cache["megatron_layout_ok"]:  # megatron-core stops at worker init: no rank gets rows
+                raise megatron_mesh_failure(layout)
             return trainer_dp_rank(layout, rank), 0
         return actor_layout(rank, sp)
 

@@ -24,6 +24,7 @@ from labkit.plan.megatron_passes import MICROBATCH_GROUP, layout_groups, megatro
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import ARR, BatchGeometry
+from labkit.rules.megatron_ranks import layout_check
 from labkit.rules.v1_loop import LOOP_TITLES
 from labkit.trace import StepTrace
 
@@ -117,7 +118,7 @@ def _summarize(ctx: Ctx, tr: StepTrace) -> None:
     )
     if ctx.geo.parallel.is_megatron:
         s["megatron"] = megatron_summary(ctx.geo.parallel)
-        if ctx.geo.dp_size:
+        if ctx.geo.dp_size and layout_check(ctx.geo.parallel) is None:  # else megatron-core stops at worker init
             s["megatron"]["groups"] = layout_groups(ctx.geo.parallel)
             first = next((r for r in tr.at("update_actor") if r.rank == 0), None)
             per_mini = first.extra.get("ga_per_mini") if first is not None else None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import builtins
 
-from labkit.rules.catalogue import message
+from labkit.rules.catalogue import code_of, message
+from labkit.rules.megatron_ranks import layout_check
 from labkit.rules.parallel_layout import ParallelLayout
 
 
@@ -39,7 +40,11 @@ def mesh_failure(W: int, sp: int) -> StageFailure:
 
 
 def megatron_mesh_failure(layout: ParallelLayout) -> StageFailure:
-    """megatron-core cannot lay out W ranks when TP·PP·CP does not divide W (``parallel_state.py:
-    initialize_model_parallel``, RuntimeError at worker init)."""
-    size = layout.tp * layout.pp * layout.cp
-    return StageFailure("M7", "RuntimeError", message("M7", world_size=layout.world_size, model_size=size))
+    """The first check of megatron-core's ``initialize_model_parallel`` the layout fails (TP·PP·CP or ETP·EP·PP not
+    dividing W, VPP without PP, ...), raised at worker init; ``labkit.rules.megatron_ranks.layout_check``."""
+    bad = layout_check(layout)
+    if bad is None:
+        raise ValueError("megatron_mesh_failure: the layout passes megatron-core's checks")
+    expert = "expert_tensor_model_pipeline_parallel" in bad.message  # M7's template would match it too
+    code = "M9" if expert else code_of(bad.message) or "M7"
+    return StageFailure(code, bad.error, bad.message)
