@@ -11,6 +11,8 @@ import pytest
 from labkit.memory.shapes import ARCHITECTURES, DATA, gpu, gpu_names, model_names, model_shape
 
 MODELS = json.loads((DATA / "model_shapes.json").read_text())["models"]
+LEGACY = [n for n in MODELS if "config" not in MODELS[n]]
+"""The first 18 entries: dense Qwen/Llama with flat fields and an exact independent count."""
 TIED = {"tiny-qwen2", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B"}
 REQUIRED = {
     *(f"Qwen2.5-{s}" for s in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")),
@@ -29,14 +31,22 @@ def test_every_required_model_is_present():
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_param_count_matches_published_within_one_percent(name):
-    shape = model_shape(name)
+    shape, how = model_shape(name), MODELS[name].get("published_params_match", "within_1pct")
+    if how == "label_floor":  # the published figure is the count truncated to the label's digits (Qwen3.5 "27B")
+        assert (
+            _floor_to_label(shape.param_count(), MODELS[name]["published_params_label"])
+            == (MODELS[name]["published_params_label"])
+        )
+        return
     rel = abs(shape.param_count() - shape.published_params) / shape.published_params
-    assert rel <= 0.01, (name, rel)
+    assert rel <= (0.10 if how == "nameplate" else 0.01), (name, rel)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n in MODELS if "exact_params" in MODELS[n]])
 def test_param_count_is_exactly_the_independent_count(name):
     assert model_shape(name).param_count() == MODELS[name]["exact_params"]
+    if "exact_active_params" in MODELS[name]:
+        assert model_shape(name).active_param_count() == MODELS[name]["exact_active_params"]
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if "published_non_embedding_params" in MODELS[n]])
@@ -70,7 +80,7 @@ def test_tiny_model_matches_its_config_json():
         assert getattr(tiny, key) == config[key], key
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", LEGACY)
 def test_shape_consistency(name):
     s = model_shape(name)
     assert s.architecture in ARCHITECTURES
@@ -142,3 +152,145 @@ def test_gpu_reported_totals_sit_just_below_nominal():
 
 def nominal_number(label):
     return float(re.match(r"[0-9.]+", label).group())
+
+
+# ---- the catalogue beyond dense Qwen/Llama: MoE, MLA, hybrid attention, vision towers ---------------------------------
+
+MOE = [n for n in MODELS if "published_active_params" in MODELS[n]]
+
+
+def _floor_to_label(count: int, label: str) -> str:
+    """``count`` truncated to the digits of ``label`` (``37.55e9``, ``"37B"`` -> ``"37B"``)."""
+    number = re.match(r"[0-9.]+", label).group()
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    unit = {"B": 1e9, "M": 1e6}[label[len(number)]]
+    value = math.floor(count / unit * 10**decimals) / 10**decimals
+    return f"{value:.{decimals}f}{label[len(number)]}"
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_active_params_match_the_published_figure(name):
+    e, s = MODELS[name], model_shape(name)
+    count = s.active_param_count()
+    if e["published_active_convention"] == "without_input_embedding":
+        count -= s.embedding_param_count()
+    published, how = e["published_active_params"], e["published_active_match"]
+    if how == "label_floor":
+        assert _floor_to_label(count, e["published_active_params_label"]) == e["published_active_params_label"], count
+    else:
+        assert abs(count - published) / published <= (0.10 if how == "nameplate" else 0.01), (name, count)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_entry_records_its_source_and_published_figures(name):
+    e = MODELS[name]
+    assert "/" in e["source"] or e["source"].startswith("data/")
+    assert e["published_params"] > 0 and e["published_params_label"] and e["published_params_source"]
+    assert model_shape(name).is_moe == ("published_active_params" in e)
+
+
+def _hf_count(config: dict) -> int:
+    """Parameters (+ DeepSeek's e_score_correction_bias buffer, a checkpoint tensor) of the transformers model the
+    config builds, on the meta device (no memory)."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    c = dict(config)
+    cfg = tf.AutoConfig.for_model(c.pop("model_type"), **c)
+    with torch.device("meta"):
+        try:
+            model = tf.AutoModelForImageTextToText.from_config(cfg)
+        except ValueError:
+            model = tf.AutoModelForCausalLM.from_config(cfg)
+    extra = sum(b.numel() for k, b in model.named_buffers() if k.endswith("e_score_correction_bias"))
+    return sum(p.numel() for p in model.parameters()) + extra
+
+
+def _shrunk(config: dict) -> dict:
+    """The same architecture with 4 layers (the per-layer rules unchanged) so the meta build stays fast."""
+    c = json.loads(json.dumps(config))
+    text = c.get("text_config", c)
+    text["num_hidden_layers"] = c["num_hidden_layers"] = 4 if "text_config" not in c else c.get("num_hidden_layers", 4)
+    if "layer_types" in text:
+        text["layer_types"] = text["layer_types"][:4]
+    if isinstance(c.get("vision_config"), dict):
+        c["vision_config"]["depth"] = min(c["vision_config"].get("depth", 4), 4)
+        c["vision_config"]["deepstack_visual_indexes"] = c["vision_config"].get("deepstack_visual_indexes", [])[:1]
+    return c
+
+
+ORACLE = [n for n in MODELS if "config" in MODELS[n] and MODELS[n]["config"]["model_type"] != "mimo"]
+
+
+@pytest.mark.parametrize("name", ORACLE)
+def test_counts_equal_the_transformers_modules(name):
+    """Our closed-form count equals the parameters of transformers' own module for the same config (4 layers)."""
+    from labkit.memory.shapes import shape_from_entry
+
+    config = _shrunk(MODELS[name]["config"])
+    mine = shape_from_entry(name, {**MODELS[name], "config": config})
+    assert mine.param_count() == _hf_count(config)
+
+
+def test_moe_api_by_hand_qwen3_30b_a3b():
+    s = model_shape("Qwen3-30B-A3B")
+    assert s.is_moe and s.num_moe_layers == 48 and s.moe.num_experts == 128 and s.moe.num_experts_per_tok == 8
+    assert s.expert_param_count() == 3 * 2048 * 768
+    assert s.router_param_count() == 128 * 2048
+    attention = 2048 * 4096 * 2 + 2 * 2048 * 512 + 2 * 128
+    assert s.moe_layer_param_count() == attention + 128 * 2048 + 128 * 3 * 2048 * 768 + 2 * 2048
+    assert s.layer_param_count() == s.moe_layer_param_count()
+    assert s.param_count() - s.active_param_count() == 48 * 120 * s.expert_param_count()
+
+
+def test_deepseek_v3_dense_and_moe_layers_and_mla():
+    s = model_shape("DeepSeek-V3")
+    assert s.num_moe_layers == 58 and s.mla.q_lora_rank == 1536 and s.mla.kv_lora_rank == 512
+    assert s.dense_layer_param_count() < s.moe_layer_param_count() == s.layer_param_count()
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert s.attention_param_count() == mla
+    assert s.moe.shared_expert_intermediate_size == 2048 and s.moe.router_score_bias and s.mtp_layers == 1
+
+
+def test_hybrid_and_vision_parts():
+    nxt = model_shape("Qwen3-Next-80B-A3B")
+    assert nxt.layer_types.count("full_attention") == 12 and nxt.layer_type(0) == "linear_attention"
+    assert nxt.attention_param_count(0) != nxt.attention_param_count(3)
+    vl = model_shape("Qwen2.5-VL-7B")
+    assert not vl.is_moe and vl.vision.depth == 32 and vl.vision.patch_size == 14 and vl.vision.spatial_merge_size == 2
+    assert vl.param_count() == vl.text_param_count() + vl.vision_param_count()
+    assert 6.6e8 < vl.vision_param_count() < 6.8e8
+    oss = model_shape("gpt-oss-20b")
+    assert oss.attention_sinks and oss.attention_out_bias and oss.moe.router_bias and oss.moe.expert_bias
+    assert oss.dense_layer_param_count() > 0 and model_shape("Qwen3-8B").moe_layer_param_count() == 0
+    assert model_shape("Gemma-2-9B").norms_per_layer == 4 and model_shape("Gemma-2-9B").tie_word_embeddings
+
+
+def test_launch_script_models_are_catalogued():
+    for name in ("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-235B-A22B",
+                 "deepseek-ai/DeepSeek-V3", "openai/gpt-oss-20b", "moonshotai/Moonlight-16B-A3B",
+                 "mistralai/Mistral-Nemo-Instruct-2407", "ByteDance-Seed/Seed-OSS-36B-Base", "XiaomiMiMo/MiMo-7B-RL",
+                 "Qwen/Qwen2.5-Math-7B", "Qwen/Qwen3-VL-32B-Instruct", "Qwen3-Next-80B-A3B-Instruct",
+                 "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL-235B-A22B-Instruct", "Qwen/Qwen3.5-35B-A3B",
+                 "Qwen/Qwen3.5-122B-A10B", "Qwen/Qwen3.5-397B-A17B", "Qwen3.5-27B", "zai-org/GLM-4.1V-9B-Thinking",
+                 "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-0.6B",
+                 "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-32B"):  # fmt: skip
+        from labkit.memory.model_source import known_shape
+
+        assert known_shape(name) is not None, name
+
+
+def test_qwen3_5_9b_equals_its_safetensors_total_size_with_mtp():
+    """The checkpoint index's total_size (bytes): every tensor bf16 except A_log and the gated norm of each
+    linear-attention layer (fp32), MTP layer included: an exact check of the hybrid, vision and MTP counts."""
+    e, s = MODELS["Qwen3.5-9B"], model_shape("Qwen3.5-9B")
+    la = s.linear_attention
+    fp32 = s.layer_types.count("linear_attention") * (la.num_value_heads + la.value_head_dim)
+    assert 2 * (s.param_count() + s.mtp_param_count()) + 2 * fp32 == e["checkpoint_total_size_bytes"]
+    assert s.mtp_layers == 1 and s.vision.kind == "qwen3_vl" and s.vision.deepstack_layers == 0
+
+
+def test_deepseek_v3_with_mtp_is_the_685b_on_hugging_face():
+    e, s = MODELS["DeepSeek-V3"], model_shape("DeepSeek-V3")
+    with_mtp = s.param_count() + s.mtp_param_count()
+    assert abs(with_mtp - e["published_checkpoint_params"]) / e["published_checkpoint_params"] <= 0.01
+    assert model_shape("Qwen3-8B").mtp_param_count() == 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from labkit.config.verl_config import ConfigError
 from labkit.memory.headroom import gpu_settings
-from labkit.memory.model_source import model_for
+from labkit.memory.model_source import model_for, stand_in_note
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import gpu_names
 
@@ -37,3 +37,9 @@ def settings_for(
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     return MemorySettings.from_config(cfg, model_for(cfg, model), g.pop("gpu_bytes"), **g)
+
+
+def model_note(cfg: Any, model: str | None) -> str | None:
+    """The stand-in note ``labkit memory`` prints first when ``--model`` prices another model than the config's
+    ``actor_rollout_ref.model.path`` names (``labkit.memory.model_source.stand_in_note``); None when they agree."""
+    return stand_in_note(cfg, model)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
-from labkit.memory.choice import settings_for
+from labkit.memory.choice import model_note, settings_for
 from labkit.memory.headroom import DEFAULT_GPU
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import gpu, gpu_names, model_names
@@ -193,16 +194,21 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     """Print the report (text or --json); 0 when the step fits, 1 when a phase OOMs. With --trace, ``tracer``
     (``labkit.model.trace_runner.run_trace``, passed in by ``labkit.cli``) traces one phase beside the formula."""
     rep = report(cfg, ns)
+    note = model_note(cfg, ns.model)
     traced = None
     if getattr(ns, "trace", None) is not None and tracer is not None:
         traced = _trace(cfg, rep, ns.trace, tracer)
     if ns.json:
         doc = rep.to_dict()
+        if note:
+            print(note, file=sys.stderr)
         if traced is not None:
             spec = {k: v for k, v in traced[1].items() if k != "model"}
             doc["trace"] = {"phase": traced[0], "spec": spec, **traced[2]}
         print(json.dumps(doc, default=str))
     else:
+        if note:
+            print(note)
         print(render_text(rep))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))

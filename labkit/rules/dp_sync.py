@@ -13,7 +13,7 @@ PROFILES = ("legacy", "engine")
 def sync_group(
     profile: str, dp_group_given: bool, dist_initialized: bool = True, same_micro_num_in_dp: bool = True
 ) -> str | None:
-    """``"dp"`` (the DP group passed in), ``"world"`` (legacy, verl 0.7: the guard has no ``dp_group`` term, so
+    """``"dp"`` (the DP group passed in), ``"world"`` (legacy, verl 0.8.0.dev: the guard has no ``dp_group`` term, so
     ``dp_group=None``, what ``dp_actor`` passes, means the default group) or None (no sync: the 0.9.1 guard, like
     0.7.1's, also requires a ``dp_group``; 0.7.1's ``dp_actor`` passes none, the hang of verl issue #5750).
     Mirrors ``dist.is_initialized() and same_micro_num_in_dp [and dp_group is not None]`` in
