@@ -24,6 +24,7 @@ from labkit.memory.shapes import gpu, gpu_names, model_names
 from labkit.memory.step_memory import fill_bytes_predicted
 from labkit.memory.trace_compare import trace_lines, trace_spec
 from labkit.memory.verdict import GiB, MemoryReport, memory_report
+from labkit.rules.parallel_layout import ParallelLayout
 from labkit.trace import StepTrace
 
 UNITS = {
@@ -111,11 +112,19 @@ def _gib(n: int) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
-def render_text(rep: MemoryReport) -> str:
+def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
     """Per phase: the peak, its state (fits / tight / OOM) and margin, its three largest terms; the length
-    assumption; the headroom terms; the verdict; the fixes."""
+    assumption; the headroom terms; the verdict; the fixes. ``layout``: the training engine's (Megatron: the
+    stages each phase was priced on)."""
     s = rep.settings
     lines = [f"{s.model.name} on {s.world_size} GPUs of {_gib(s.gpu_bytes)} ({s.profile} profile), per GPU:"]
+    if layout is not None and layout.is_megatron:
+        lay = layout
+        lines.insert(
+            0,
+            f"Megatron: TP {lay.tp} · PP {lay.pp} · CP {lay.cp} (VPP {lay.vpp or 1}, EP {lay.ep}) → D = {lay.dp_size}; "
+            f"each phase is priced on every pipeline stage and shown at its worst",
+        )
     for name, p in rep.phases.items():
         flag, left = rep.state(name)
         top = ", ".join(f"{k} {_gib(v)}" for k, v in list(p.terms.items())[:3])
@@ -125,6 +134,12 @@ def render_text(rep: MemoryReport) -> str:
         )
         if p.info.get("micro_batch"):
             lines.append(f"  {'':<14} micro-batch: {p.info['micro_batch']}, {p.info['tokens']:,} tokens per GPU")
+        if p.info.get("stage_peaks"):
+            peaks = ", ".join(f"{k}: {_gib(v)}" for k, v in p.info["stage_peaks"].items())
+            lines.append(
+                f"  {'':<14} per pipeline stage: {peaks}; worst stage {p.info['worst_stage']}"
+                + (f" ({p.info['in_flight']} forwards in flight)" if p.info.get("in_flight") else "")
+            )
         if p.info.get("typical_tokens") is not None and p.info["typical_tokens"] != p.info.get("tokens"):
             lines.append(
                 f"  {'':<14} typical micro-batch: {p.info['typical_tokens']:,} tokens, peak "
@@ -139,7 +154,10 @@ def render_text(rep: MemoryReport) -> str:
             if p.info.get("engine_error"):
                 lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
     lines.append(f"lengths: {rep.lengths}")
-    lines.append(f"log-prob head: {HEADS[s.logprob_kernel]}; entropy: {ENTROPY[s.entropy_mode]}")
+    if layout is not None and layout.is_megatron:
+        lines.append("log-prob head: vocabulary-parallel logits [tokens, V/TP] on the last stage, fp32 log-softmax")
+    else:
+        lines.append(f"log-prob head: {HEADS[s.logprob_kernel]}; entropy: {ENTROPY[s.entropy_mode]}")
     lines.append(
         f"headroom in every phase: cuda_context {_gib(s.cuda_context_bytes)}, cublas_workspace "
         f"{_gib(s.cublas_workspace_bytes)}, nccl_buffers {_gib(s.nccl_bytes)}, allocator_reserve "
@@ -209,7 +227,7 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     else:
         if note:
             print(note)
-        print(render_text(rep))
+        print(render_text(rep, ParallelLayout.from_config(cfg)))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))
     return 0 if rep.first_oom is None else 1
