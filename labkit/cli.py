@@ -181,9 +181,13 @@ def _source_text(path: str) -> str:
 def _ns_config(ns: argparse.Namespace):
     """The config of a command's arguments, for the release ``--verl`` names (``labkit.config.versions``)."""
     try:
-        return versions.apply_release(_config(ns.args, ns.profile, ns.set), ns.release)
+        cfg = versions.apply_release(_config(ns.args, ns.profile, ns.set), ns.release)
     except versions.VersionError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.hydra_stops and ns.cmd != "check":  # check prints them as verl's verdict; plan and memory go on without
+        for stop in cfg.hydra_stops:
+            print(f"labkit: note: {stop}; answered without it", file=sys.stderr)
+    return cfg
 
 
 def _config(args: Sequence[str], profile: str, sets: Sequence[str] = ()):
@@ -386,14 +390,28 @@ def _print_docs(con: Console, code: Any) -> None:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from labkit.plan.step import PlanTooLarge, plan
-    from labkit.rules.v1_loop import first_update_step
-
     cfg = _ns_config(ns)
     from labkit.validate.report import check
 
     report = check(cfg, global_step=ns.step)
     con = _console(soft_wrap=True)
+    if cfg.hydra_stops:  # verl's config loader refuses before any of verl's checks: the verdict, then the rest
+        con.print(
+            f"verl rejects this config at start-up ({_label(cfg)}): its Hydra config loader stops on", markup=False
+        )
+        for stop in cfg.hydra_stops:
+            con.print(f"  {stop}", markup=False)
+        con.print("without those overrides, labkit's check says:")
+        code = _check_body(con, cfg, ns, report)
+        return max(code, 1)
+    return _check_body(con, cfg, ns, report)
+
+
+def _check_body(con: Console, cfg: Any, ns: argparse.Namespace, report: Any) -> int:
+    """The verdict of verl's checks and the first step on ``cfg`` (``report``: labkit.validate.report.check's)."""
+    from labkit.plan.step import PlanTooLarge, plan
+    from labkit.rules.v1_loop import first_update_step
+
     first = report.first_error
     notes = [f for f in report.findings if f.severity != "error"]
     if first is not None:

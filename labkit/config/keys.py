@@ -234,7 +234,7 @@ def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
         k("use_distributed_optimizer", BOOL, True, follows=False, doc="optimizer state sharded over DP·CP"),
         k("param_offload", BOOL, False, doc="bf16 params on CPU outside the engine's own passes"),
         k("optimizer_offload", BOOL, False, follows=False, doc="fp32 main params and Adam on CPU"),
-        k("grad_offload", BOOL, False, follows=False, doc="0.7.1 and newer main: grads on CPU (0.9.1 has no such key)"),
+        k("grad_offload", BOOL, False, follows=False, profiles=("legacy",), doc="0.7.1: grads on CPU (not in 0.9.1)"),
         k("dynamic_context_parallel", BOOL, False, doc="dynamic CP (DP×CP ranks share each batch)"),
         k("max_seqlen_per_dp_cp_rank", INT, None, nullable=True, minimum=1, profiles=("engine",)),
         k("forward_only", BOOL, follow is not None, follows=False, doc="no grads or optimizer (the ref)"),

@@ -72,6 +72,17 @@ def _open_mapping(path: str) -> str | None:
     return None
 
 
+def _hydra_stop(profile: str, path: str, value: Any, key: Key | None) -> str:
+    """Hydra's text when an override names a key the profile's verl does not have (``+`` would add it)."""
+    version = "0.9.1" if profile == "engine" else "0.7.1"
+    text = f"verl {version}'s Hydra stops: Could not override '{path}'. To append to your config use +{path}={value}"
+    if key is not None:
+        return f"{text} (the key exists in the {', '.join(key.profiles)} profile's verl only)"
+    if path.endswith(".model_engine"):
+        return f"{text} (verl {version} picks the backend with the top-level group model_engine=megatron)"
+    return f"{text} ('{_open_mapping(path)}' is a mapping of verl's config: Hydra adds a key to it only with '+')"
+
+
 def closest_key(path: str, candidates: Iterable[str] | None = None) -> str | None:
     """The known key closest to ``path`` (difflib on the full dotted path, then on the leaf name)."""
     pool = list(candidates or KEYS)
@@ -153,6 +164,7 @@ class VerlConfig:
     ignored: dict[str, Any] = field(default_factory=dict)
     added: dict[str, Any] = field(default_factory=dict)  # +key=value outside verl's schema: accepted, not modelled
     release: Release | None = None  # the verl release the user named (--verl), else None: the profile's own version
+    hydra_stops: list[str] = field(default_factory=list)  # overrides verl's Hydra refuses (the rest is still read)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -194,7 +206,7 @@ class VerlConfig:
         return _coerce(KEYS[path], default, f"interpolation default of '{path}'")
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("profile", "values", "ignored", "added", "release"):
+        if name.startswith("_") or name in ("profile", "values", "ignored", "added", "release", "hydra_stops"):
             raise AttributeError(name)
         return _Node(self, name)
 
@@ -226,22 +238,12 @@ class VerlConfig:
             if key is None and path in _VERL_KEYS:
                 self.ignored[path] = value
                 return self
-            if key is not None:
-                raise ConfigError(
-                    f"{origin}: '{path}' is not a key of the {self.profile} profile (only of "
-                    f"{', '.join(key.profiles)})."
-                )
-            mapping = _open_mapping(path)
-            if mapping is not None:  # Hydra's struct mode: a new key inside a mapping needs '+'
-                raise ConfigError(
-                    f"{origin}: Could not override '{path}'. To append to your config use +{path}=… "
-                    f"('{mapping}' is a mapping of verl's config; Hydra adds a key to it only with '+')."
-                )
-            if path.endswith(".model_engine"):  # verl's examples at some commits set it under the actor
-                raise ConfigError(
-                    f"{origin}: unknown key '{path}': verl 0.9.1's config has no such key (Hydra stops with "
-                    "\"Key 'model_engine' is not in struct\"); the backend is the top-level group model_engine=megatron."
-                )
+            if key is not None or _open_mapping(path) is not None or path.endswith(".model_engine"):
+                # verl's Hydra (struct mode) stops: a key of another release, a new key inside one of verl's mappings,
+                # or the backend set under the actor (verl's own examples at newer commits do both). Recorded, and the
+                # rest of the config is still read, so the answer can say what verl would do without it.
+                self.hydra_stops.append(f"{origin}: {_hydra_stop(self.profile, path, value, key)}")
+                return self
             hint = closest_key(path)
             raise ConfigError(f"{origin}: unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
         self.values[path] = _coerce(key, value, origin)
@@ -308,7 +310,9 @@ class VerlConfig:
         return key.follows is not None or key.default_for(self.profile) is not None
 
     def copy(self) -> VerlConfig:
-        return VerlConfig(self.profile, dict(self.values), dict(self.ignored), dict(self.added), self.release)
+        return VerlConfig(
+            self.profile, dict(self.values), dict(self.ignored), dict(self.added), self.release, list(self.hydra_stops)
+        )
 
     # -- derived quantities, named as verl names them ---------------------------------------------
     @property

@@ -250,4 +250,8 @@ def fill_trace(tr: StepTrace, cfg: VerlConfig, model: str, gpu_bytes: int | None
         s = MemorySettings.from_config(cfg, model, gpu_bytes or gpu(DEFAULT_GPU).memory_bytes)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
-    return fill_bytes_predicted(tr, cfg, s)
+    try:
+        return fill_bytes_predicted(tr, cfg, s)
+    except ConfigError as exc:  # a shape the Megatron memory model does not price: bytes stay unknown, said so
+        tr.summary["memory_not_priced"] = str(exc)
+        return tr

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from labkit.config.keys import ACTOR, ARR, REF
+from labkit.config.verl_config import ConfigError
 from labkit.memory.headroom import add_headroom
 from labkit.memory.megatron_memory import Recompute, Residency, StageInputs, megatron_memory, residents
 from labkit.memory.phases import Phase, generate
@@ -77,7 +78,7 @@ def config_inputs(cfg: Any, geo: BatchGeometry, phase: str, s: MemorySettings) -
         per_micro = max(1, min(rows, p.micro or 1))
         how = f"static: {per_micro} rows × width {geo.width:,}"
     tokens = per_micro * row // layout.cp
-    how += f", padded to {sequence_alignment(layout)} and split over CP {layout.cp}: {tokens:,} tokens per GPU"
+    how += f", padded to {sequence_alignment(layout)} and split over CP {layout.cp}"
     inputs = StageInputs(tokens, ceil_div(rows, per_micro), recompute_of(cfg, phase), _entropy(phase, s))
     return inputs, how
 
@@ -118,7 +119,10 @@ def megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any = 
         else:
             hows[name] = "from the plan's micro-batches (largest on any GPU, after padding and the CP split)"
         passes[name] = got
-    mm = megatron_memory(s.model, layout, passes, r, s.gpu_bytes)
+    try:
+        mm = megatron_memory(s.model, layout, passes, r, s.gpu_bytes)
+    except ValueError as exc:  # a shape or setting the Megatron memory model does not price: say so, never guess
+        raise ConfigError(f"Megatron memory not priced: {exc} (labkit check and plan still answer)") from None
     out: dict[str, Phase] = {}
     for name in names:
         if name == "generate":

@@ -15,6 +15,7 @@ from typing import Any
 
 from labkit.config.keys import ACTOR, REF, ROLLOUT
 from labkit.memory.headroom import add_headroom
+from labkit.memory.megatron_step import megatron_phases
 from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
 from labkit.memory.settings import MemorySettings
 from labkit.plan.context import Ctx
@@ -112,8 +113,15 @@ def phase_of(s: MemorySettings, name: str, shape: PassShape | None) -> Phase:
     return phase
 
 
+def _megatron(cfg: Any) -> bool:
+    return BatchGeometry.from_config(cfg).parallel.is_megatron
+
+
 def step_phases(cfg: Any, s: MemorySettings) -> dict[str, Phase]:
-    """Every phase of the step from the config alone (worst case: samples at full width)."""
+    """Every phase of the step from the config alone (worst case: samples at full width); Megatron's per stage
+    (``labkit.memory.megatron_step``)."""
+    if _megatron(cfg):
+        return megatron_phases(cfg, s, phase_names(s))
     out = {}
     for name in phase_names(s):
         shape, how = (None, "") if name == "generate" else config_shape(cfg, name)
@@ -126,6 +134,8 @@ def step_phases(cfg: Any, s: MemorySettings) -> dict[str, Phase]:
 def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]:
     """Every phase from a trace's micro-batches (the worst GPU of each stage); the config where a stage has none."""
     geo = BatchGeometry.from_config(cfg)
+    if geo.parallel.is_megatron:
+        return megatron_phases(cfg, s, phase_names(s), tr)
     out = {}
     for name in phase_names(s):
         if name == "generate":
@@ -151,6 +161,14 @@ def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Seq
     generate gets the engine phase, stages without memory of their own (or not in ``phases``) stay None."""
     geo = BatchGeometry.from_config(cfg)
     names = set(phase_names(s)) & (set(phases) if phases is not None else set(ORDER))
+    if geo.parallel.is_megatron:  # each rank gets its pipeline stage's peak
+        by_phase = megatron_phases(cfg, s, sorted(names), tr)
+        for rec in tr.ranks:
+            p = by_phase.get(rec.stage)
+            if p is not None:
+                stage = (rec.extra.get("megatron") or {}).get("pp")
+                rec.bytes_predicted = p.info.get("stage_peaks", {}).get(stage, p.peak_bytes)
+        return tr
     gen = phase_of(s, "generate", None).peak_bytes
     for rec in tr.ranks:
         if rec.stage not in names:

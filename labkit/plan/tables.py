@@ -199,6 +199,8 @@ def summary_rows(tr: StepTrace) -> list[tuple[str, Any, str | None]]:
             rows.append(("tokens per DP rank after balance", span_, None))
     for k, v in (s.get("global_seqlen") or {}).items():
         rows.append((k, f"{v:,.1f}" if isinstance(v, float) else f"{v:,}", None))
+    if s.get("memory_not_priced"):
+        rows.append(("bytes per rank", s["memory_not_priced"], None))
     for stage, err in (s.get("stage_errors") or {}).items():
         rows.append((f"verl stops at {stage}", f"{err['code']} {err['exc_type']}: {err['message']}", "error"))
     first = s.get("first_error")
