@@ -1,21 +1,24 @@
 """``labkit diagnose``'s answer: what the log says (config, failure, phase, metrics) and what labkit makes of it.
 
-Kinds, most telling first: an allocation failure (``oom``) outranks verl's own message (``verl_error``), which
-outranks Ray's host-memory kill (``host_oom``) and NCCL timeouts (``hang``, often the echo of another rank's
-failure); a dead worker without a cause is ``unknown``. Exit 0 when labkit explains the failure, 1 when it reads it
-but has no explanation, 2 when it reads nothing."""
+Every answer opens with the three lines verl's issue triage asks for (``labkit.diagnose.opening``): GPU or host
+memory, the phase, the config, each citing its line. Kinds, most telling first: an allocation failure (``oom``)
+outranks verl's own message (``verl_error``), which outranks Ray's host-memory kill (``host_oom``) and NCCL timeouts
+(``hang``, often the echo of another rank's failure); a dead worker without a cause is ``unknown``. Exit 0 when
+labkit explains the failure, 1 when it reads it but has no explanation, 2 when it reads nothing."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.config.verl_config import ConfigError, VerlConfig
-from labkit.diagnose import oom_answer, run_failures
+from labkit.config.verl_config import VerlConfig
+from labkit.diagnose import gpu_share, oom_answer, run_failures
+from labkit.diagnose.answer_parts import config_notes, offload, predict, report_for, verl_error
 from labkit.diagnose.log_config import RecoveredConfig, build_config, recover_config
 from labkit.diagnose.log_failures import (
     AllocationFailure,
-    allocation_failure,
+    allocation_failures,
     host_oom,
     lab_ranks,
     nccl_timeouts,
@@ -23,19 +26,33 @@ from labkit.diagnose.log_failures import (
     worker_died,
 )
 from labkit.diagnose.log_lines import LogLine, log_lines
+from labkit.diagnose.log_memory import measurement_lines, memory_measurements
 from labkit.diagnose.log_metrics import SHOWN, last_metrics
-from labkit.diagnose.log_phase import failing_frame, phase_near
+from labkit.diagnose.log_phase import PhaseReading, failing_frame, phase_near
+from labkit.diagnose.log_startup import STAGES, StartupStage, startup_stage
 from labkit.diagnose.oom_match import phase_tensors
-from labkit.memory.choice import settings_for
-from labkit.memory.verdict import memory_report
-from labkit.rules.catalogue import entry, message_fields
+from labkit.diagnose.opening import config_line, memory_line, phase_line
+
+OTHER_ERROR = re.compile(r"(?:^|[\s(])(?:[\w.]+\.)?(?P<exc>\w+(?:Error|Exception))(?:\)|: |$)")
+"""An exception that is neither an allocation failure, verl's own message nor a dead worker (a RuntimeError raised
+in megatron-core, SGLang's scheduler, ...): named in the answer, never taken for one of labkit's kinds."""
+NOT_OTHER = {"OutOfMemoryError", "ActorDiedError", "RayActorError", "RayTaskError", "Exception"}
+WRAPPED = re.compile(r"RayTaskError\(OutOfMemoryError\)|^(?:torch\.(?:cuda\.)?)?OutOfMemoryError\s*$")
+MEGATRON = {
+    "pipeline_parallel/schedules.py": "megatron-core's pipeline schedule (the micro-batches' forward and backward)",
+    "optimizer/": "megatron-core's optimizer step",
+    "distributed/": "megatron-core's gradient buffers and their reduce-scatter",
+    "tensor_parallel/": "megatron-core's tensor-parallel layers",
+    "dist_checkpointing/": "megatron-core's distributed checkpointing",
+}
 
 
 @dataclass
 class Diagnosis:
-    """The answer: ``kind`` oom | hang | verl_error | host_oom | unknown | unreadable, labkit's ``phase`` name,
-    the catalogue ``code``, the ``overrides`` recovered, the ``model`` priced, the answer's ``lines`` and whether
-    labkit ``explained`` the failure."""
+    """The answer: ``kind`` oom | hang | verl_error | host_oom | unknown | unreadable, labkit's ``phase`` name
+    (``init`` for start-up, with ``facts["startup"]`` its step), the catalogue ``code``, the ``overrides``
+    recovered, the ``model`` priced, the answer's ``lines`` (the first three: memory kind, phase, config) and
+    whether labkit ``explained`` the failure."""
 
     kind: str
     phase: str | None = None
@@ -65,41 +82,21 @@ class Diagnosis:
         }
 
     def text(self) -> str:
+        """The answer as printed: the three opening lines (memory, phase, config), the verdict, the rest."""
         head = f"{self.kind}" + (f" in {self.phase}" if self.phase else "") + (f" ({self.code})" if self.code else "")
-        return "\n".join([f"diagnosis: {head}", *self.lines])
-
-
-def _config_lines(rec: RecoveredConfig, profile: str, skipped: list[str]) -> list[str]:
-    if not rec.source:
-        return [
-            "config: not in the log (verl prints it at start; Hydra lists the overrides when a job fails): "
-            "paste the log from its start, or pass the launch script with --config",
-            *rec.notes,
-        ]
-    how = "its frames" if rec.profile else "assumed (the frames do not say; --profile sets it)"
-    lines = [f"config: {len(rec.overrides)} override(s) from {rec.source}; profile {profile}, {how}"]
-    if skipped:
-        lines.append(f"  {len(skipped)} override(s) labkit cannot apply, left out: " + "; ".join(skipped[:3]))
-    return lines + rec.notes
-
-
-def _report(cfg: VerlConfig | None, model: str | None, capacity: int | None) -> tuple[Any, str | None, str]:
-    """labkit's memory report for the recovered config (None and why not, when it cannot be made)."""
-    if cfg is None:
-        return None, None, "no config recovered"
-    try:
-        s = settings_for(cfg, model, capacity=capacity)
-    except ConfigError as exc:
-        return None, None, str(exc)
-    return memory_report(cfg, s), s.model.name, ""
+        return "\n".join([*self.lines[:3], f"diagnosis: {head}", *self.lines[3:]])
 
 
 def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str | None) -> None:
     d.kind = "oom"
-    d.facts["allocation"] = {k: v for k, v in vars(a).items() if v is not None}
+    d.facts["allocation"] = {k: v for k, v in vars(a).items() if v is not None and v != []}
     d.lines += oom_answer.figures(a)
-    frag = oom_answer.fragmentation(a)
-    rep, d.model, why = _report(cfg, model, a.capacity) if a.device == "cuda" else (None, None, "")
+    held, why_lines = gpu_share.verdict(a)
+    if held:
+        d.facts["held_by"] = held
+        h = gpu_share.holders(a)
+        d.facts["other_processes"] = [{"pid": p, "bytes": b} for p, b in h.others]
+    rep, d.model, why = report_for(cfg, model, a.capacity) if a.device == "cuda" else (None, None, "")
     phase = d.phase
     if rep is not None and phase in rep.phases:
         tensors = phase_tensors(rep.settings, phase, rep.phases[phase])
@@ -118,8 +115,9 @@ def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str 
             d.lines.append(f"labkit cannot price this config: {why}")
         elif phase is None:
             d.lines.append("the traceback names no phase labkit knows, so labkit does not price one")
-    if frag:
-        d.lines.append(frag)
+    d.lines += why_lines
+    if held == "shared":
+        d.explained = True
     if a.device == "kv-cache":
         d.phase = d.phase or "generate"
         d.lines.append(
@@ -129,30 +127,51 @@ def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str 
         d.explained = True
 
 
-def _verl_error(d: Diagnosis, code: str, text: str, cfg: VerlConfig | None) -> None:
-    d.kind, d.code = "verl_error", code
-    e = entry(code)
-    d.lines.append(f"verl's {e.exc_type or 'error'} {code}: {e.title} ({e.where}, {e.when})")
-    fields = message_fields(code, text)
-    if fields:
-        d.lines.append("  values in the message: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
-    d.lines.append(f"  why: {e.why}")
-    d.explained = True
-    if cfg is None:
-        d.lines.append(
-            f"  labkit explain {code} prints the entry; labkit check on the launch script shows the arithmetic"
-        )
-        return
-    from labkit.validate.report import check
+def _phase(d: Diagnosis, lines: list[LogLine], at: int | None, hangs: list) -> tuple[PhaseReading, StartupStage | None]:
+    """The phase reading around the failure, start-up's step when the failure came at the start."""
+    if at is None:
+        return PhaseReading(None, []), None
+    reading = phase_near(lines, at)
+    stage = startup_stage(lines, at, hangs) if reading.phase in (None, "init") else None
+    if reading.phase == "init" and stage is None:
+        build = {"_build_rollout", "_init_model_runner", "init_model_worker"} & set(reading.names)
+        step = "rollout engine build" if build else "model init"
+        stage = StartupStage(step, reading.line, "")
+    if stage is not None:
+        reading = PhaseReading("init", reading.names, stage.line or reading.line, how=f"start-up: {stage.stage}")
+        d.facts["startup"] = stage.stage
+    inner = failing_frame(lines, at)
+    if inner:
+        d.facts["failed_in"] = inner[0]
+        d.facts["raised_in"] = inner[1]
+    d.phase = reading.phase
+    return reading, stage
 
-    first = check(cfg).first_error
-    if first is not None and first.code == code:
-        d.lines.append("  labkit's check of the recovered config raises the same: " + "; ".join(first.arithmetic))
-        if first.fixes:
-            d.lines.append("  fix: " + "  OR  ".join(first.fixes))
-    else:
-        got = f"{first.code} first" if first is not None else "no error"
-        d.lines.append(f"  labkit's check of the recovered config finds {got}: the log's config may be incomplete")
+
+def _phase_detail(reading: PhaseReading, d: Diagnosis) -> str:
+    parts = []
+    if reading.how != "frames":
+        parts.append(reading.how)
+    if reading.names:
+        parts.append("names: " + ", ".join(reading.names))
+    where = d.facts.get("raised_in", "")
+    if d.facts.get("failed_in"):
+        meaning = next((v for k, v in MEGATRON.items() if "megatron/core/" + k in where), "")
+        parts.append(f"raised in {d.facts['failed_in']} ({where})" + (f": {meaning}" if meaning else ""))
+    return "; ".join(parts)
+
+
+def _other_error(lines: list[LogLine]) -> tuple[int, str] | None:
+    """The first exception of another kind in the log (its line, its name), or None."""
+    for line in lines:
+        m = OTHER_ERROR.search(line.text)
+        if m and m.group("exc") not in NOT_OTHER and not line.text.lstrip().startswith(("File ", "raise ")):
+            return line.number, m.group("exc")
+    return None
+
+
+def _startup_seen(lines: list[LogLine]) -> bool:
+    return any(p.search(line.text) for _, p, _ in STAGES for line in lines)
 
 
 def diagnose_text(
@@ -167,89 +186,85 @@ def diagnose_text(
     use = profile or rec.profile or "engine"
     cfg, skipped = build_config(rec.overrides, use) if rec.source else (None, [])
     d = Diagnosis("unknown", overrides=rec.overrides, profile=use)
-    d.lines += _config_lines(rec, use, skipped)
-    metrics = last_metrics(lines)
-    if metrics:
-        shown = {k: v for k, v in metrics.items() if k in SHOWN}
-        d.facts["metrics"] = shown
-        d.lines.append(
-            f"last metrics (step {int(metrics.get('step', 0))}): "
-            + (", ".join(f"{k} {v:g}" for k, v in shown.items()) or "none of the memory or length ones")
-        )
-    failures = [f for f in (allocation_failure(line) for line in lines) if f is not None]
+    failures = allocation_failures(lines)
+    if not failures:
+        failures = [AllocationFailure("wrapped", x.number) for x in lines if WRAPPED.search(x.text.strip())][:1]
     messages = verl_messages(lines)
     host, hangs, died, lab = host_oom(lines), nccl_timeouts(lines), worker_died(lines), lab_ranks(lines)
     at = failures[0].line if failures else messages[0].line if messages else host.line if host else None
     at = at if at is not None else hangs[0].line if hangs else died
     frames = [line.number for line in lines if 'File "' in line.text and ", line " in line.text]
+    other = _other_error(lines) if at is None else None
+    if at is None and other is not None:
+        at = other[0]
     if at is None and frames:  # a traceback whose error line is not in the paste: its frames still name the phase
         at = frames[-1]
-    if at is not None:
-        d.phase, names = phase_near(lines, at)
-        inner = failing_frame(lines, at)
-        if inner:
-            d.facts["failed_in"] = inner[0]
-        if names or inner:
-            where = f"; raised in {inner[0]} ({inner[1]})" if inner else ""
-            named = ", ".join(names) or "none of verl's phase methods"
-            d.lines.append(f"phase: {d.phase or 'not named'} (frames: {named}{where})")
+    measured = memory_measurements(lines)
+    if at is None and measured:  # only verl's memory log: the call it saw begin and not end
+        reading, stage = phase_near(lines, measured[-1].line + 10**6), None
+        d.phase = reading.phase
+    else:
+        reading, stage = _phase(d, lines, at, hangs)
+    body: list[str] = []
+    d.lines = body
     if failures:
         _oom(d, failures[0], cfg, model)
     elif messages:
-        _verl_error(d, messages[0].code, messages[0].text, cfg)
+        verl_error(d, messages[0].code, messages[0].text, cfg)
     elif host is not None:
         d.kind = "host_oom"
-        d.lines += run_failures.host_lines(host, _offload(cfg, model))
+        body += run_failures.host_lines(host, offload(cfg, model))
         d.explained = True
     elif hangs:
         d.kind = "hang"
         d.facts["nccl"] = [vars(t) for t in hangs]
-        d.lines += run_failures.hang_lines(hangs, cfg.n_gpus if cfg is not None else None)
+        body += run_failures.hang_lines(hangs, cfg.n_gpus if cfg is not None else None)
         d.explained = len({(t.group, t.seq) for t in hangs}) > 1
     elif lab:
         d.kind, d.phase = "hang", next((r.stage for r in lab if r.outcome == "waited"), lab[0].stage)
+        reading = PhaseReading(d.phase, [], None, how="labkit's own hang report")
         more, d.explained = run_failures.lab_lines(lab)
-        d.lines += ["labkit's own hang report (a live group's collective timeout):", *more]
+        body += ["labkit's own hang report (a live group's collective timeout):", *more]
     elif died is not None:
-        d.lines += run_failures.died_lines()
+        body += run_failures.died_lines()
+    elif other is not None:
+        body.append(
+            f"the failure: a {other[1]} (line {other[0]}), not an allocation failure, not a dead worker, and no "
+            "message of verl's that labkit's catalogue knows: its text (the lines after it) says what failed"
+        )
     elif frames:
-        d.lines.append("a traceback whose last line (the error itself) is not in the paste: paste the end of it")
-    elif not rec.source and not metrics:
+        body.append("a traceback whose last line (the error itself) is not in the paste: paste the end of it")
+    elif not rec.source and not last_metrics(lines) and not measured and not _startup_seen(lines):
         d.kind = "unreadable"
-        d.lines.append("labkit found no failure it reads (CUDA OOM, NCCL timeout, verl's messages, Ray's kills)")
+        body.append("labkit found no failure it reads (CUDA OOM, NCCL timeout, verl's messages, Ray's kills)")
     else:
-        d.lines.append("labkit found no failure in this log (it reads CUDA OOM, NCCL timeouts, verl's messages, Ray)")
+        body.append("labkit found no failure in this log (it reads CUDA OOM, NCCL timeout, verl's messages, Ray)")
+    if stage is not None and stage.cause:
+        body.append(f"start-up, {stage.stage}: what usually fails here: {stage.cause}")
     if d.kind in ("unknown", "hang") and cfg is not None:
-        _predict(d, cfg)
+        predict(d, cfg)
+    metrics = last_metrics(lines)
+    if metrics:
+        shown = {k: v for k, v in metrics.items() if k in SHOWN}
+        d.facts["metrics"] = shown
+        body.append(
+            f"last metrics (step {int(metrics.get('step', 0))}): "
+            + (", ".join(f"{k} {v:g}" for k, v in shown.items()) or "none of the memory or length ones")
+        )
+    if measured:
+        d.facts["memory_log"] = [vars(m) for m in measured]
+        peak = d.facts.get("predicted_peak_bytes")
+        body += measurement_lines(measured, peak / 2**30 if peak else None, d.phase)
+    device = failures[0].device if failures else None
+    config_at = re.search(r"line (\d+)", rec.source)
+    what = ""
+    if d.kind == "unknown" and died is None:
+        what = f"a {other[1]}, no memory failure" if other else "the paste ends before the error line" if frames else ""
+    d.lines = [
+        memory_line(d.kind, device, at, lines, what),
+        phase_line(d.phase, _phase_detail(reading, d), reading.line, lines),
+        config_line(rec.source, len(rec.overrides), int(config_at.group(1)) if config_at else None, lines),
+        *config_notes(rec, use, skipped),
+        *body,
+    ]
     return d
-
-
-def _predict(d: Diagnosis, cfg: VerlConfig) -> None:
-    """A log without verl's message but with a config: what labkit's check says verl raises for it."""
-    from labkit.validate.report import check
-
-    first = check(cfg).first_error
-    if first is None:
-        d.lines.append("labkit's check of the recovered config: verl accepts it")
-        return
-    d.facts["predicted_code"] = first.code
-    d.lines.append(
-        f"labkit's check of the recovered config: verl raises {first.code} at {first.when}: "
-        f"{first.exc_type}: {first.message}" + (f" ({'; '.join(first.arithmetic)})" if first.arithmetic else "")
-    )
-
-
-def _offload(cfg: VerlConfig | None, model: str | None) -> dict[str, Any] | None:
-    """Host bytes each training process keeps with FSDP's CPU offload, for the config's model."""
-    if cfg is None:
-        return None
-    try:
-        s = settings_for(cfg, model)
-    except ConfigError:
-        return None
-    p, f = s.model.param_count(), s.fsdp_world
-    host = (4 * p // f if s.param_offload else 0) + (8 * p // f if s.optimizer_offload else 0)
-    if not host:
-        return None
-    what = " and ".join(w for w, on in (("parameters", s.param_offload), ("Adam states", s.optimizer_offload)) if on)
-    return {"gib": host / 2**30, "what": what, "processes": int(cfg.get("trainer.n_gpus_per_node"))}

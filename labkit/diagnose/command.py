@@ -1,5 +1,7 @@
 """``labkit diagnose LOG|-``: read a failed verl run's log and answer it (``labkit.cli`` adds the sub-command with
-``add_arguments`` and calls ``run``). Exit 0 diagnosed, 1 read but not explained, 2 unreadable."""
+``add_arguments`` and calls ``run``). Exit 0 diagnosed, 1 read but not explained, 2 unreadable. Its ``--profile`` is
+stored as ``log_profile``: unset, the log's own frames pick the profile, which the CLI's release resolution (an
+unset profile becomes engine) must not pre-empt."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("log", metavar="LOG|-", help="a verl log (what the driver printed, Ray's lines included), or -")
     s.add_argument("--model", default=None, help="the model to price (default: the one the config names)")
     s.add_argument(
-        "--profile", choices=("legacy", "engine"), default=None, help="verl's workers (default: as the frames show)"
+        "--profile",
+        dest="log_profile",
+        choices=("legacy", "engine"),
+        default=None,
+        help="verl's workers (default: as the frames show; engine when they do not say)",
     )
     s.add_argument(
         "--config", default=None, metavar="SCRIPT", help="the launch script, when the log does not hold the config"
@@ -57,11 +63,11 @@ def run(ns: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"--config {ns.config}: cannot read: {exc.strerror}") from None
     try:
-        d = diagnose_text(text, model=ns.model, profile=ns.profile, overrides=extra)
+        d = diagnose_text(text, model=ns.model, profile=ns.log_profile, overrides=extra)
     except LogError as exc:
         raise ConfigError(f"{ns.log}: {exc}") from None
     if note:
-        d.lines.insert(0, note)
+        d.lines.insert(3, note)  # after the opening memory, phase and config lines
     print(json.dumps(d.to_dict(), default=str) if ns.json else d.text())
     if d.exit_code == 2:
         print(f"labkit: {ns.log}: no failure and no config labkit reads in this log", file=sys.stderr)

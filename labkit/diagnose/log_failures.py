@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from labkit.diagnose.log_lines import LogLine
+from labkit.diagnose.log_nccl import NcclTimeout, nccl_timeouts  # noqa: F401  (re-exported)
 from labkit.rules.catalogue import code_of
 
 UNIT = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6}
@@ -36,7 +37,10 @@ class AllocationFailure:
     reserved_unallocated: int | None = None
     """Reserved by PyTorch's caching allocator but not allocated (fragmentation or cached blocks)."""
     process: int | None = None
-    """This process's memory in use, non-PyTorch memory included."""
+    """This process's memory in use, non-PyTorch memory included ("this process has X memory in use")."""
+    listed: list[tuple[int, int]] = field(default_factory=list)
+    """The other holders PyTorch listed ("Process P has X memory in use"): (pid, bytes). In a container PyTorch
+    cannot tell its own pid from NVML's, so this process may be among them (``labkit.diagnose.gpu_share`` tells)."""
 
 
 OOM_NEW = re.compile(
@@ -48,11 +52,16 @@ OOM_OLD = re.compile(
     rf"{SIZE} free; {SIZE} reserved in total by PyTorch\)"
 )
 THIS_PROCESS = re.compile(rf"this process has {SIZE} memory in use")
+HOLDER = re.compile(rf"Process (\d+) has {SIZE} memory in use")
 BY_PYTORCH = re.compile(rf"Of the allocated memory {SIZE} is allocated by PyTorch")
 UNALLOCATED = re.compile(rf"and {SIZE} is reserved by PyTorch but unallocated")
 CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate ([0-9]+) bytes")
 CUDA_BARE = re.compile(r"(?:CUDA|cuda) error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation")
-KV_POOL = re.compile(r"No available memory for the cache blocks|larger than the available KV cache memory")
+KV_POOL = re.compile(
+    r"No available memory for the cache blocks|larger than the available KV cache memory|"
+    r"Not enough memory\. Please try to increase --mem-fraction-static"
+)
+SGLANG_SAVER = re.compile(r"torch_memory_saver\S*\] CUresult error: 2 \(out of memory\)")
 
 
 def _size(pattern: re.Pattern, text: str) -> int | None:
@@ -83,6 +92,7 @@ def allocation_failure(line: LogLine) -> AllocationFailure | None:
             allocated=_size(BY_PYTORCH, rest),
             reserved_unallocated=_size(UNALLOCATED, rest),
             process=_size(THIS_PROCESS, rest),
+            listed=[(int(p), to_bytes(n, u)) for p, n, u in HOLDER.findall(rest)],
         )
     m = OOM_OLD.search(text)
     if m:
@@ -100,66 +110,24 @@ def allocation_failure(line: LogLine) -> AllocationFailure | None:
         return AllocationFailure("cpu", line.number, requested=int(m.group(1)))
     if KV_POOL.search(text):
         return AllocationFailure("kv-cache", line.number)
-    if CUDA_BARE.search(text):
+    if CUDA_BARE.search(text) or SGLANG_SAVER.search(text):
         return AllocationFailure("cuda-no-size", line.number)
     return None
 
 
-@dataclass
-class NcclTimeout:
-    """One rank's watchdog report: the collective it waited in (its sequence number in its process group), the
-    op, the element counts, the timeout, and the group's last enqueued and completed work when printed."""
-
-    rank: int
-    seq: int
-    op: str
-    numel_in: int
-    numel_out: int
-    timeout_ms: int
-    line: int
-    group: str = ""
-    last_enqueued: int | None = None
-    last_completed: int | None = None
-
-
-WATCHDOG = re.compile(
-    r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-    r"OpType=(?P<op>\w+), NumelIn=(?P<nin>-?\d+), NumelOut=(?P<nout>-?\d+), Timeout\(ms\)=(?P<ms>\d+)\)"
-)
-RANK_TAG = re.compile(r"^\[rank(\d+)\]:")
-GROUP_WORK = re.compile(
-    r"\[PG (?:ID )?(?P<pg>[^\]]*?) ?Rank (?P<rank>\d+)\] (?:Exception|Timeout)[^:]*?(?:at work: \d+, )?"
-    r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)"
-)
-
-
-def nccl_timeouts(lines: list[LogLine]) -> list[NcclTimeout]:
-    """Every rank's watchdog timeout (the first report per rank), with its group's last work where printed."""
-    found: dict[int, NcclTimeout] = {}
-    for line in lines:
-        m = WATCHDOG.search(line.text)
-        if m:
-            tag = RANK_TAG.match(line.text)
-            rank = int(m.group("rank") or (tag.group(1) if tag else -1))
-            found.setdefault(
-                rank,
-                NcclTimeout(
-                    rank,
-                    int(m.group("seq")),
-                    m.group("op"),
-                    int(m.group("nin")),
-                    int(m.group("nout")),
-                    int(m.group("ms")),
-                    line.number,
-                ),
-            )
-            continue
-        m = GROUP_WORK.search(line.text)
-        if m and int(m.group("rank")) in found:
-            t = found[int(m.group("rank"))]
-            t.group = m.group("pg").strip()
-            t.last_enqueued, t.last_completed = int(m.group("enq")), int(m.group("done"))
-    return sorted(found.values(), key=lambda t: t.rank)
+def allocation_failures(lines: list[LogLine]) -> list[AllocationFailure]:
+    """Every allocation failure of the log, in order. PyTorch's message hard-wrapped by a terminal or a paste
+    ("… allocated by P" / "yTorch, …") is read with the line that continues it."""
+    out = []
+    for k, line in enumerate(lines):
+        if "Tried to allocate" in line.text and "but unallocated" not in line.text:
+            nxt = next((x for x in lines[k + 1 : k + 4] if "but unallocated" in x.text), None)
+            if nxt is not None and "Tried to allocate" not in nxt.text:
+                line = LogLine(line.text + nxt.text, line.source, line.number)
+        found = allocation_failure(line)
+        if found is not None:
+            out.append(found)
+    return out
 
 
 @dataclass

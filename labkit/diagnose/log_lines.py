@@ -1,5 +1,6 @@
 """A pasted log as lines without what Ray and terminals wrap them in: ANSI colours, Ray's ``(WorkerDict pid=..,
-ip=..)`` prefixes, ``[repeated 3x across cluster]`` suffixes, carriage-return progress bars. Each line keeps the
+ip=..)`` prefixes, ``[repeated 3x across cluster]`` suffixes, carriage-return progress bars, tqdm bars glued
+to a traceback line. Each line keeps the
 process it came from."""
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ RAY_PREFIX = re.compile(
     r"^\s*\((?P<source>(?:[\w.:<>-]+ )?pid=\d+(?:, ip=[\d.]+)?|raylet(?:, ip=[\d.]+)?|autoscaler[^)]*)\)\s?"
 )
 REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
+PROGRESS = re.compile(
+    r"(?:[\w .()/=-]{0,60}:\s*)?\d{1,3}%\|[^|\n]{0,200}\|[^\[\]\n]{0,60}\[[^\]\n]{0,120}\]|"
+    r"[█▏▎▍▌▋▊▉]+\|\s*[\d.]+[kKM]?/[\d.]+[kKM]? \[[^\]\n]{0,120}\]|\s{4,}\| [\d.]+[kKM]?/[\d.]+[kKM]? \[[^\]\n]{0,120}\]"
+)
+"""A tqdm progress bar, glued to a traceback or exception line when a terminal redraws it without a newline."""
 
 
 class LogError(ValueError):
@@ -45,5 +51,8 @@ def log_lines(text: str) -> list[LogLine]:
         if m:
             source, line = m.group("source").split(",")[0].strip(), line[m.end() :]
         line = REPEATED.sub("", line)
+        if "|" in line and "[" in line:
+            bare = PROGRESS.sub(" ", line)
+            line = bare if bare.strip() else line
         out.append(LogLine(line.rstrip(), source, number))
     return out

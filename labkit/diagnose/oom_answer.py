@@ -1,6 +1,7 @@
 """The answer to an allocation failure: the log's figures, which tensor the request was (matched against the memory
 model's tensors of the failing phase, or the T × V products it is consistent with), fragmentation, and, with a
-recovered config, labkit's prediction for that phase beside the log and the fixes with their new peaks."""
+recovered config, labkit's prediction for that phase beside the log and the fixes with their new peaks (who held the
+GPU, this process or another, is ``labkit.diagnose.gpu_share``'s)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,6 @@ from labkit.diagnose.oom_match import GiB, Tensor, factorisations, match
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases
 from labkit.memory.verdict import MemoryReport, fixes_for
-
-FRAGMENTED = 0.10
-"""Reserved-but-unallocated above this share of the capacity is called fragmentation even when smaller than the
-request (PyTorch's own hint starts "If reserved but unallocated memory is large")."""
 
 
 def _gib(n: int | None) -> str:
@@ -34,25 +31,6 @@ def figures(a: AllocationFailure) -> list[str]:
         f"by PyTorch {_gib(a.allocated)}, reserved but unallocated {_gib(a.reserved_unallocated)}"
         + (f"; this process {_gib(a.process)} in use" if a.process is not None else "")
     ]
-
-
-def fragmentation(a: AllocationFailure) -> str | None:
-    """The fragmentation verdict: reserved-but-unallocated against the request and the capacity."""
-    if a.reserved_unallocated is None or a.requested is None:
-        return None
-    cap = a.capacity or 0
-    spare = a.reserved_unallocated
-    if spare >= a.requested or (cap and spare > FRAGMENTED * cap):
-        return (
-            f"fragmentation: PyTorch holds {_gib(spare)} reserved but unallocated"
-            + (f", more than the {_gib(a.requested)} it asked for" if spare >= a.requested else "")
-            + ", yet no free block was large enough. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the "
-            "allocator then grows segments instead of cutting new ones); it does not lower the peak itself."
-        )
-    return (
-        f"not fragmentation: only {_gib(spare)} is reserved but unallocated; the memory is held by live tensors, so "
-        "the peak itself must come down."
-    )
 
 
 FP32_OPS = ("entropy", "softmax", "logsumexp", "log_softmax", "float")
