@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from golden_corpus import random_overrides  # noqa: E402
 
 A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "critic"
-CODE_IN_SOURCE = re.compile(r"""["']((?:E|X|B|S|N|F)\d+|GA|V1)["']""")
-CODE_IN_CHECK = re.compile(r"\(((?:E|X|B|S|N)\d+|GA|V1|[^\s()]+)\): |note \(\w+\): (\S+)")
+CODE_IN_SOURCE = re.compile(r"""["']((?:E|X|B|S|N|F|M)\d+|GA|V1)["']""")
+CODE_IN_CHECK = re.compile(r"\(((?:E|X|B|S|N|M)\d+|GA|V1|[^\s()]+)\): |note \(\w+\): (\S+)")
 
 
 def cli(*argv: str) -> tuple[int, str, str]:

@@ -509,3 +509,13 @@ def test_v1_padding_notice_pads_as_verls_own_required_multiple():
         "data.train_batch_size=6", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=1", profile="legacy"
     )
     assert not [f for f in check(legacy, fixes=False).findings if f.code in ("N6", "S5", "N7")]
+
+
+def test_nccl_timeout_is_named_as_never_read_under_engine_workers():
+    base = ["actor_rollout_ref.nccl_timeout=3600", "critic.nccl_timeout=1200"]
+    engine = [f for f in check(load_config(overrides=base), fixes=False).findings if f.code == "S7"]
+    assert engine and engine[0].severity == "silent"
+    assert "actor_rollout_ref.nccl_timeout, critic.nccl_timeout is never read" in engine[0].message
+    legacy = check(load_config(overrides=base, profile="legacy"), fixes=False).findings
+    assert not [f for f in legacy if f.code == "S7"]  # 0.7.1's workers pass it to init_process_group
+    assert not [f for f in check(load_config(), fixes=False).findings if f.code == "S7"]

@@ -243,6 +243,8 @@ def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
         k(f"{tc}.recompute_num_layers", INT, None, nullable=True, doc="full: layers recomputed per stage"),
         k(f"{tc}.recompute_modules", STRLIST, ["core_attn"], doc="selective: modules recomputed"),
         k(f"{tc}.microbatch_group_size_per_vp_stage", INT, None, nullable=True, minimum=1, doc="G (None: = PP)"),
+        k(f"{tc}.num_layers_in_first_pipeline_stage", INT, None, nullable=True, minimum=0, doc="uneven PP: stage 0"),
+        k(f"{tc}.num_layers_in_last_pipeline_stage", INT, None, nullable=True, minimum=0, doc="uneven PP: last"),
     ]
 
 

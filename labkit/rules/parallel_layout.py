@@ -61,6 +61,10 @@ class ParallelLayout:
     """Megatron: the optimizer state sharded over DP·CP."""
     dynamic_context_parallel: bool = False
     """Megatron: dynamic CP (verl then reports DP = 1 to the trainer)."""
+    first_stage_layers: int | None = None
+    """Megatron uneven PP: ``num_layers_in_first_pipeline_stage`` (None: an even split)."""
+    last_stage_layers: int | None = None
+    """Megatron uneven PP: ``num_layers_in_last_pipeline_stage`` (None: an even split)."""
 
     @property
     def is_megatron(self) -> bool:
@@ -126,4 +130,6 @@ class ParallelLayout:
             sequence_parallel=bool(g(f"{m}.sequence_parallel")) and tp > 1,
             use_distributed_optimizer=bool(g(f"{m}.use_distributed_optimizer")),
             dynamic_context_parallel=bool(g(f"{m}.dynamic_context_parallel")),
+            first_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_first_pipeline_stage"),
+            last_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_last_pipeline_stage"),
         )

@@ -13,6 +13,7 @@ of lcm(D, M x n, critic M x n) before an always-on balance (no E36/E38), Transfe
 from __future__ import annotations
 
 from labkit.rules.catalogue import message
+from labkit.validate.megatron_checks import legacy_static_forward, legacy_update, pipeline_checks
 from labkit.validate.micro_checks import (
     budget_check,
     engine_update_checks,
@@ -133,9 +134,15 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
         "The B x n generation requests are chunked equally over the agent-loop workers.",
         role="rollout",
     )
-    if W % s.ulysses_sp:
+    lay = s.geo.parallel
+    if s.megatron:
+        if not lay.dp_size:
+            return  # megatron-core's mesh already failed at worker init (M7)
+        D, sp = lay.trainer_dp_size, lay.token_budget_scale  # budgets x CP
+    elif W % s.ulysses_sp:
         return  # the Ulysses mesh already failed at worker init (X4)
-    D = W // s.ulysses_sp
+    else:
+        D, sp = W // s.ulysses_sp, s.ulysses_sp
     if v1:
         _v1_batch(run, s, D)
     if s.balance_batch and not v1:  # v1 pads to a multiple of D first: E36/E38 cannot fire
@@ -158,7 +165,12 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             f"{N} % {D} != 0",
             STEP1,
             f"{where}: karmarkar_karp",
-            [f"D = W // sp = {W} // {s.ulysses_sp} = {D}", mod(N, D)],
+            [
+                f"D = W // (TP x PP x CP) = {W} // {lay.dp_divisor} = {D}"
+                if s.megatron
+                else f"D = W // sp = {W} // {s.ulysses_sp} = {D}",
+                mod(N, D),
+            ],
             "_balance_batch partitions B x n rows into D equal-size groups.",
             role="trainer",
         )
@@ -171,12 +183,14 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             s,
             "log_prob_max_token_len_per_gpu",
             s.log_prob_max_token_len_per_gpu,
-            s.ulysses_sp,
+            sp,
             "old_log_prob",
             "rollout",
         )
+        if s.megatron:
+            pipeline_checks(run, s, None, "old_log_prob", "rollout", False)
     else:
-        static_forward_checks(
+        _static_forward(
             run,
             s,
             rows,
@@ -185,8 +199,8 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             "old_log_prob",
             "rollout",
         )
-    if s.need_ref and (s.legacy or W % s.ref_ulysses_sp == 0):
-        Dr = D if s.legacy else W // s.ref_ulysses_sp
+    if s.need_ref and (s.legacy or s.megatron or W % s.ref_ulysses_sp == 0):
+        Dr = D if s.legacy or s.megatron else W // s.ref_ulysses_sp
         if s.legacy or not _dispatch(run, s, Dr, "compute_ref_log_prob", "ref"):
             if s.ref_log_prob_use_dynamic_bsz:
                 budget_check(
@@ -194,12 +208,14 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                     s,
                     "ref.log_prob_max_token_len_per_gpu",
                     s.ref_log_prob_max_token_len_per_gpu,
-                    s.ref_ulysses_sp,
+                    sp if s.megatron else s.ref_ulysses_sp,
                     "ref_log_prob",
                     "ref",
                 )
+                if s.megatron:
+                    pipeline_checks(run, s, None, "ref_log_prob", "ref", False)
             else:
-                static_forward_checks(
+                _static_forward(
                     run,
                     s,
                     -(-N // Dr) if v1 else N // Dr,  # v1: the first TransferQueue chunks are the longer ones
@@ -208,7 +224,9 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
                     "ref_log_prob",
                     "ref",
                 )
-    if s.need_critic and (W % s.critic_ulysses_sp == 0 or not s.legacy):
+    if s.need_critic and s.megatron:
+        _megatron_critic_step(run, s, D, Mcp, micro)
+    elif s.need_critic and (W % s.critic_ulysses_sp == 0 or not s.legacy):
         _critic_step(run, s, Mcp, micro)
     if not s.geo.actor_updates:
         run.add(
@@ -223,6 +241,22 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
             NOTICE,
             role="actor",
         )
+    elif s.megatron and s.legacy:
+        if Mp is not None:
+            if s.use_dynamic_bsz:
+                budget_check(
+                    run, s, "ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, sp, "update_actor", "actor"
+                )
+            legacy_update(run, s, rows, Mp, micro.get("actor"), s.use_dynamic_bsz, "actor")
+    elif s.megatron:
+        mini = engine_update_checks(
+            run, s, s.ppo_mini_batch_size, D, s.ppo_micro_batch_size_per_gpu, s.use_dynamic_bsz, "actor"
+        )
+        if mini is not None and s.use_dynamic_bsz:
+            budget_check(run, s, "ppo_max_token_len_per_gpu", s.ppo_max_token_len_per_gpu, sp, "update_actor", "actor")
+            pipeline_checks(run, s, None, "update_actor", "actor", False)
+        elif mini is not None and s.ppo_micro_batch_size_per_gpu and mini % s.ppo_micro_batch_size_per_gpu == 0:
+            pipeline_checks(run, s, mini // s.ppo_micro_batch_size_per_gpu, "update_actor", "actor", True)
     elif s.legacy:
         if Mp is not None:
             budget = (
@@ -302,3 +336,30 @@ def _critic_step(run: Run, s: Snap, Mcp: int | None, micro: dict) -> None:
     )
     if not _dispatch(run, s, s.world_size, "compute_values", "critic"):
         engine_update_checks(run, s, s.critic_ppo_mini_batch_size, s.world_size, None, True, "critic")
+
+
+def _static_forward(run: Run, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
+    """A static forward-only pass: FSDP's (``static_forward_checks``), or Megatron's: 0.9.1 E30 then the VPP and
+    interleaved-schedule checks on rows / m; 0.7.1 ``split(m)`` then the schedule checks."""
+    if not s.megatron:
+        static_forward_checks(run, s, rows, micro, key, stage, role)
+    elif s.legacy:
+        legacy_static_forward(run, s, rows, micro, key, stage, role)
+    else:
+        static_forward_checks(run, s, rows, micro, key, stage, role)
+        if micro and rows % micro == 0:
+            pipeline_checks(run, s, rows // micro, stage, role, True)
+
+
+def _megatron_critic_step(run: Run, s: Snap, D: int, Mcp: int | None, micro: dict) -> None:
+    """The Megatron critic on the actor's layout: compute_values dispatch, then update_critic (0.7.1: make_iterator
+    and micro-batches; 0.9.1: the engine's train_mini_batch, always dynamic since its engine keeps
+    use_dynamic_bsz=True)."""
+    if _dispatch(run, s, D, "compute_values", "critic"):
+        return
+    if s.legacy:
+        if Mcp is not None:
+            legacy_update(run, s, s.samples // D, Mcp, micro.get("critic"), s.critic_use_dynamic_bsz, "critic")
+        return
+    if engine_update_checks(run, s, s.critic_ppo_mini_batch_size, D, None, True, "critic") is not None:
+        pipeline_checks(run, s, None, "update_critic", "critic", False)

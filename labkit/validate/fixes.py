@@ -13,9 +13,15 @@ from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.rules.geometry import ceil_div
+from labkit.validate.megatron_fixes import megatron_candidates
 from labkit.validate.snapshot import ERROR, RF, A, C, Finding, R, Snap
 
 DEL = "<delete>"
+_MICRO_KEYS = {  # the micro size of each role's static pass (the Megatron VPP fixes try other values)
+    "actor": f"{A}.ppo_micro_batch_size_per_gpu",
+    "rollout": f"{R}.log_prob_micro_batch_size_per_gpu",
+    "ref": f"{RF}.log_prob_micro_batch_size_per_gpu",
+}
 Change = dict[str, Any]
 
 
@@ -80,7 +86,11 @@ def _sp_values(s: Snap, sp: int) -> list[int]:
 def candidates(f: Finding, s: Snap) -> list[Change]:
     """Config changes worth trying for one finding, most natural first."""
     code, role = f.code, f._role
-    D = max(1, s.world_size // s.ulysses_sp)
+    if s.megatron:
+        mc = megatron_candidates(f, s, _MICRO_KEYS)
+        if mc is not None:
+            return mc
+    D = max(1, s.geo.parallel.trainer_dp_size if s.megatron else s.world_size // s.ulysses_sp)
     L = math.lcm(
         s.agent_workers,
         D,

@@ -41,7 +41,7 @@ def budget_check(run: Run, s: Snap, key: str, tok: int, sp: int, stage: str, rol
     """E31: the dynamic token budget (x sp) against the padded width (legacy) or the longest row (engine)."""
     budget = tok * sp
     where = f"{SEQ}: rearrange_micro_batches ({stage})"
-    arith = [f"max_token_len = {key} x sp = {tok} x {sp} = {budget}"]
+    arith = [f"max_token_len = {key} x {'CP' if s.megatron else 'sp'} = {tok} x {sp} = {budget}"]
     if s.legacy:
         arith.append(
             f"padded width = prompt_length + response_length = {s.prompt_length} + {s.response_length} = {s.width}"

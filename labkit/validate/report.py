@@ -99,7 +99,8 @@ class Report:
         return "\n".join(lines)
 
 
-_SHOWN = ("E1", "E20", "E21", "GA", "E23", "E26", "E38", "E27", "E28", "E29", "E30", "E31", "S1", "S2", "S3")
+_SHOWN = ("E1", "E2", "E20", "E21", "GA", "E23", "E26", "E38", "E27", "E28", "E29", "E30", "E31", "S1", "S2", "S3")
+_SHOWN += ("M7", "M9", "M11", "M12", "M16", "M17", "M18", "M21", "M22", "M23")  # Megatron sizes
 
 
 def _evaluate(
@@ -109,11 +110,12 @@ def _evaluate(
     max_seq_len: int | None = None,
     passes: bool = True,
     global_step: int | None = None,
+    shape: dict | None = None,
 ) -> tuple[Snap, list[Finding]]:
     """Run every rule once (no fix search): start-up, worker init, step 1, and, when ``trainer.critic_warmup`` > 1
     and the step is reached (``global_step`` None: any step), the first step with an actor update: what verl
     raises there is reported at that step, after every step-1 check (verl stops at the first)."""
-    s = Snap(cfg, heads, kv_heads, max_seq_len)
+    s = Snap(cfg, heads, kv_heads, max_seq_len, shape=shape)
     run = Run(passes)
     startup_checks(run, s)
     norm = worker_checks(run, s)
@@ -121,7 +123,7 @@ def _evaluate(
     warmup = first_update_step(s.critic_warmup, global_step)
     if warmup is not None and not any(c.severity == ERROR for c in run.checks):
         later = Run(passes=False)
-        step_checks(later, Snap(cfg, heads, kv_heads, max_seq_len, global_step=warmup), norm)
+        step_checks(later, Snap(cfg, heads, kv_heads, max_seq_len, global_step=warmup, shape=shape), norm)
         for f in later.checks:
             if f.severity == ERROR:
                 f.when = f"step {warmup}" if f.when == STEP1 else f.when
@@ -137,22 +139,36 @@ def check(
     max_seq_len: int | None = None,
     fixes: bool = True,
     global_step: int | None = None,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    vocab_size: int | None = None,
 ) -> Report:
     """All of verl's batch-size checks for ``cfg`` (profile from the config), with verified fixes.
 
     Head counts enable E41/E42; ``max_seq_len`` (longest prompt+response row) makes the engine's E31 definite
     instead of a conditional notice. ``global_step``: the steps verl runs, 1..global_step (None: all of them), so a
     check of the first actor update (``trainer.critic_warmup``) is reported at its step or not at all.
+    Under Megatron the head counts, ``num_layers`` (decoder layers), ``num_experts`` (MoE experts; 0: dense) and
+    ``vocab_size`` (the HF vocabulary) enable megatron-core's model checks (M11-M19); None skips a check.
     """
-    s, checks = _evaluate(cfg, num_attention_heads, num_key_value_heads, max_seq_len, global_step=global_step)
+    shape = {"layers": num_layers, "experts": num_experts, "vocab": vocab_size}
+    s, checks = _evaluate(
+        cfg, num_attention_heads, num_key_value_heads, max_seq_len, global_step=global_step, shape=shape
+    )
     if fixes:
         memo: dict = {}
 
         def ev(c: VerlConfig) -> tuple[Snap, list[Finding]]:
-            key = tuple(sorted(c.values.items(), key=lambda kv: kv[0]))
+            key = repr(sorted(c.values.items(), key=lambda kv: kv[0]))  # list values (recompute_modules) too
             if key not in memo:
                 memo[key] = _evaluate(
-                    c, num_attention_heads, num_key_value_heads, max_seq_len, passes=False, global_step=global_step
+                    c,
+                    num_attention_heads,
+                    num_key_value_heads,
+                    max_seq_len,
+                    passes=False,
+                    global_step=global_step,
+                    shape=shape,
                 )
             return memo[key]
 
@@ -205,8 +221,20 @@ class VerlRuntimeError(VerlCheckError, RuntimeError):
     exc_type = "RuntimeError"
 
 
+class VerlNotImplementedError(VerlCheckError, NotImplementedError):
+    exc_type = "NotImplementedError"
+
+
 _EXC = {
-    c.exc_type: c for c in (VerlAssertionError, VerlValueError, VerlTypeError, VerlZeroDivisionError, VerlRuntimeError)
+    c.exc_type: c
+    for c in (
+        VerlAssertionError,
+        VerlValueError,
+        VerlTypeError,
+        VerlZeroDivisionError,
+        VerlRuntimeError,
+        VerlNotImplementedError,
+    )
 }
 
 
@@ -216,10 +244,18 @@ def raise_for(
     num_key_value_heads: int | None = None,
     *,
     max_seq_len: int | None = None,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    vocab_size: int | None = None,
 ) -> None:
     """Raise what verl raises first for this config (a subclass of verl's exception type); else return."""
     args = dict(
-        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, max_seq_len=max_seq_len
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_seq_len=max_seq_len,
+        num_layers=num_layers,
+        num_experts=num_experts,
+        vocab_size=vocab_size,
     )
     first = check(cfg, **args, fixes=False).first_error
     if first is not None:
@@ -236,7 +272,11 @@ def _sp(cfg: VerlConfig, role: str) -> int:
 
 
 def dp_size(cfg: VerlConfig, role: str = "actor") -> int:
-    """DP size of a role: W // sp (the engine's critic ignores critic.ulysses_sequence_parallel_size)."""
+    """DP size of a role: W // sp (the engine's critic ignores critic.ulysses_sequence_parallel_size); under Megatron
+    the trainer-facing DP of the actor's layout, which every colocated role runs with (0 when it does not divide)."""
+    layout = BatchGeometry.from_config(cfg).parallel
+    if layout.is_megatron:
+        return layout.trainer_dp_size
     return cfg.n_gpus // _sp(cfg, role)
 
 
@@ -246,6 +286,8 @@ def normalized_mini(cfg: VerlConfig, role: str = "actor") -> int | None:
     Mn, D = M * cfg.get("actor_rollout_ref.rollout.n"), dp_size(cfg, role)
     if D == 0:
         return None
+    if cfg.profile == "legacy" and cfg.get("actor_rollout_ref.actor.strategy") == "megatron":
+        return Mn // D  # megatron_workers.py: *= n, //= DP, no assert
     if cfg.profile == "legacy":
         return legacy_normalized_mini(M, cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role))
     return Mn // D if Mn % D == 0 else None
@@ -261,6 +303,9 @@ def mini_batch_arithmetic(cfg: VerlConfig, role: str = "actor") -> str:
     """The normalisation as the reports write it, e.g. "M' = (60 x 12) // (6 // 1) = 120"."""
     M = cfg.get("critic.ppo_mini_batch_size" if role == "critic" else "actor_rollout_ref.actor.ppo_mini_batch_size")
     n, W, sp = cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role)
+    layout = BatchGeometry.from_config(cfg).parallel
+    if layout.is_megatron:
+        sp = layout.dp_divisor  # TP x PP x CP (dynamic CP: the trainer sees DP = 1)
     mini = normalized_mini(cfg, role)
     if cfg.profile == "legacy":
         return f"M' = ({M} x {n}) // ({W} // {sp}) = {mini}"

@@ -114,6 +114,7 @@ class Snap:
         kv_heads: int | None = None,
         max_seq_len: int | None = None,
         global_step: int = 1,
+        shape: dict | None = None,
     ) -> None:
         values = cfg.values
         for name, path in _SNAP_KEYS.items():
@@ -126,11 +127,15 @@ class Snap:
                 v = KEYS[_CHAINS[path][-1]].default_for(cfg.profile)
             setattr(self, name, v)
         self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
+        shape = shape or {}  # the Megatron model checks' other shape numbers (None: not checked)
+        self.num_layers, self.num_experts, self.vocab_size = (shape.get(k) for k in ("layers", "experts", "vocab"))
+        self.cfg = cfg
         self.geo = geo = BatchGeometry.from_config(cfg, global_step)
         self.world_size, self.prompts, self.samples, self.width = geo.world_size, geo.prompts, geo.samples, geo.width
         self.need_ref = bool(self.use_kl_in_reward or self.use_kl_loss)
         self.need_critic = cfg.need_critic
         self.legacy = self.profile == "legacy"
+        self.megatron = geo.parallel.is_megatron
 
 
 class Run:

@@ -8,13 +8,14 @@ passed or not, with verl's exact message, so a report can show the arithmetic ei
 Codes are those of docs/errors.md: E1-E45 for verl's own errors; labkit adds B1-B3 (engine bare asserts), X1-X4 (Python/torch errors
 verl's code runs into: ZeroDivisionError, split(0), a None micro size, a Ulysses mesh that does not cover W),
 S1-S4 (silent behaviours), N1-N5 (printed notices, conditional failures) and "GA" (info). The snapshot and recorder
-are ``labkit.validate.snapshot``; worker-init rules live in ``worker_init``, step-1 rules in ``first_step``. Not modelled: Megatron (E2) and the 0.8-only
-reward-model micro keys (E5).
+are ``labkit.validate.snapshot``; worker-init rules live in ``worker_init``, step-1 rules in ``first_step``; the Megatron
+backend's (E2, M1-M25) in ``megatron_checks``. Not modelled: the 0.8-only reward-model micro keys (E5).
 """
 
 from __future__ import annotations
 
 from labkit.rules.catalogue import message
+from labkit.validate.megatron_checks import critic_engine_config, megatron_startup
 from labkit.validate.snapshot import (
     ACTOR_PY,
     AE,
@@ -23,6 +24,7 @@ from labkit.validate.snapshot import (
     LOSS_AGG,
     NOTICE,
     RF,
+    SILENT,
     STARTUP,
     VE,
     R,
@@ -75,7 +77,10 @@ def mutual(
 def startup_checks(run: Run, s: Snap) -> None:
     """Mirrors verl/utils/config.py: validate_config, in the order its code runs."""
     W, B, M, n, sp = s.world_size, s.train_batch_size, s.ppo_mini_batch_size, s.rollout_n, s.ulysses_sp
-    if not s.use_dynamic_bsz:
+    if s.megatron:
+        megatron_startup(run, s)  # E2, minimal_bsz = DP x m (M1, E1), then McoreEngineConfig (M2, M3)
+        sp = 1  # the Megatron actor has no Ulysses size: ActorConfig.validate reads 1
+    elif not s.use_dynamic_bsz:
         run.add(
             s.train_batch_size * n % W != 0,
             "E1",
@@ -144,7 +149,7 @@ def startup_checks(run: Run, s: Snap) -> None:
                 role="actor",
             )
     run.add(
-        sp > 1 and not s.use_remove_padding,
+        sp > 1 and not s.use_remove_padding and not s.megatron,
         "E12",
         VE,
         "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.",
@@ -211,8 +216,9 @@ def startup_checks(run: Run, s: Snap) -> None:
             "With val_kwargs.do_sample the check reads rollout.temperature (not val_kwargs.temperature).",
             role="rollout",
         )
-    run.add(  # main_ppo.main, after validate_config: the only switch between the two 0.9.1 loops
-        s.geo.loop == "v0",
+    release = s.cfg.release
+    run.add(  # main_ppo.main, after validate_config: the only switch between the two 0.9.x loops (0.8.0 has one)
+        s.geo.loop == "v0" and (release is None or release.use_v1 is not False),
         "N7",
         None,
         message("N7"),
@@ -223,11 +229,32 @@ def startup_checks(run: Run, s: Snap) -> None:
         NOTICE,
         role="trainer",
     )
+    timeouts = [k for k in NCCL_TIMEOUT_KEYS if k in s.cfg.ignored or k in s.cfg.added]
+    run.add(  # engine workers build their process group with timeout=None: nothing reads the key
+        s.profile == "engine" and bool(timeouts),
+        "S7",
+        None,
+        message("S7", keys=", ".join(timeouts)),
+        STARTUP,
+        "verl/workers/engine_workers.py: __init__ (initialize_global_process_group_ray(timeout_second=None))",
+        [f"{k} = {s.cfg.ignored.get(k, s.cfg.added.get(k))}" for k in timeouts],
+        "verl 0.9.1's engine workers start torch.distributed with timeout=None (torch's default, 10 minutes for "
+        "NCCL) and never read nccl_timeout; CriticConfig only declares it. The legacy workers (0.7.1) passed it to "
+        "init_process_group.",
+        SILENT,
+        role="trainer",
+    )
+
+
+NCCL_TIMEOUT_KEYS = ("actor_rollout_ref.nccl_timeout", "critic.nccl_timeout")
+"""Keys users raise to cure a hang that verl 0.9.1's engine workers never read."""
 
 
 def _critic_startup(run: Run, s: Snap) -> None:
     """CriticConfig.__post_init__/validate and FSDPCriticConfig's (E13-E18), as validate_config runs them."""
     post, W = f"{CRITIC_PY}: CriticConfig.__post_init__", s.world_size
+    if s.megatron:  # McoreCriticConfig's own McoreEngineConfig (critic.megatron: its literal defaults, TP = 1)
+        critic_engine_config(run, s)
     if not s.critic_use_dynamic_bsz:
         mutual(
             run,
@@ -251,7 +278,7 @@ def _critic_startup(run: Run, s: Snap) -> None:
                 "The deprecated critic micro size must divide the critic mini-batch.",
                 role="critic",
             )
-    if s.legacy:
+    if s.legacy and not s.megatron:  # FSDPCriticConfig only (McoreCriticConfig has no Ulysses size)
         run.add(
             s.critic_ulysses_sp > 1 and not s.critic_use_remove_padding,
             "E18",
@@ -280,7 +307,7 @@ def _critic_startup(run: Run, s: Snap) -> None:
             "A critic mini-batch cannot hold more prompts than the training batch.",
             role="critic",
         )
-        if s.critic_ppo_micro_batch_size is not None:
+        if s.critic_ppo_micro_batch_size is not None and not s.megatron:  # FSDPCriticConfig.validate only
             run.add(
                 s.critic_ppo_micro_batch_size * s.critic_ulysses_sp < W,
                 "E17",

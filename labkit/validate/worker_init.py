@@ -2,13 +2,15 @@
 
 Mirrors ``verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ / CriticWorker.__init__ / _build_rollout``
 (legacy) and ``verl/workers/engine_workers.py: ActorRolloutRefWorker.init_model`` (engine), plus the Ulysses
-mesh and ``apply_monkey_patch`` head asserts, in the order the workers run them.
+mesh and ``apply_monkey_patch`` head asserts, in the order the workers run them; under Megatron the engine's mesh
+and model checks (``labkit.validate.megatron_checks``) take the place of the Ulysses ones.
 """
 
 from __future__ import annotations
 
 from labkit.rules.catalogue import message
 from labkit.rules.geometry import legacy_normalized_mini
+from labkit.validate.megatron_checks import engine_init, layout_notice, legacy_init
 from labkit.validate.snapshot import AE, ENGINE_W, INIT, LEGACY_W, NOTICE, RF, SILENT, VE, R, Run, Snap, mod
 from labkit.validate.startup import mutual
 
@@ -220,6 +222,11 @@ def worker_checks(run: Run, s: Snap) -> dict:
             NOTICE,
             role="trainer",
         )
+        if s.megatron:  # verl 0.7.1's megatron_workers.py
+            norm = legacy_init(run, s)
+            if norm:
+                _rollout_init(run, s, "verl/workers/megatron_workers.py: ActorRolloutRefWorker._build_rollout")
+            return norm
         where = f"{LEGACY_W}: ActorRolloutRefWorker.__init__"
         if not mesh_check(run, s, s.ulysses_sp, where, "actor"):
             D = s.world_size // s.ulysses_sp
@@ -274,7 +281,11 @@ def worker_checks(run: Run, s: Snap) -> dict:
                 "The ref's log_prob_* keys are renamed to ppo_* and re-checked as an ActorConfig (its "
                 "messages say 'actor'): " + f.explanation
             )
-    if s.need_ref and not s.lora_rank and not mesh_check(run, s, s.ref_ulysses_sp, where, "ref"):
+    ref_first = s.need_ref and not s.lora_rank
+    if s.megatron:  # the ref's MegatronEngine is built first and fixes the layout of the process
+        if ref_first and engine_init(run, s, "ref"):
+            return norm
+    elif ref_first and not mesh_check(run, s, s.ref_ulysses_sp, where, "ref"):
         heads_check(run, s, s.ref_ulysses_sp, "ref")
     run.add(
         s.use_dynamic_bsz != s.log_prob_use_dynamic_bsz,
@@ -314,7 +325,12 @@ def worker_checks(run: Run, s: Snap) -> dict:
             "ppo_micro_batch_size is unusable.",
             role="actor",
         )
-    if not mesh_check(run, s, s.ulysses_sp, where, "actor"):
+    if s.megatron:
+        if not ref_first and engine_init(run, s, "actor"):
+            return norm
+        if s.need_critic:
+            layout_notice(run, s, "critic")
+    elif not mesh_check(run, s, s.ulysses_sp, where, "actor"):
         heads_check(run, s, s.ulysses_sp, "actor")
     _rollout_init(run, s, where)
     return norm

@@ -1,0 +1,182 @@
+"""Megatron's parameters and model states per pipeline stage and rank: which layers a stage builds, how megatron-core
+shards each layer's weights, and what DDP and the distributed optimizer hold for them (verl's wrapping:
+``verl/utils/megatron_utils.py: get_model``, ``grad_reduce_in_fp32=True``; ``megatron/core/distributed/
+param_and_grad_buffer.py: _ParamAndGradBuffer``, ``megatron/core/optimizer/distrib_optimizer.py``), with verl's
+offload rules (``megatron_utils.py: offload_megatron_model_to_cpu``, ``offload_megatron_optimizer``). Part of
+``labkit.memory.megatron_memory``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from labkit.memory.shapes import ModelShape
+from labkit.rules.parallel_layout import ParallelLayout
+
+
+def moe_of(m: ModelShape) -> Any:
+    """The model's sparse MLP shape (``labkit.memory.shapes_parts.MoeShape``), or None when dense."""
+    return getattr(m, "moe", None)
+
+
+def is_moe_layer(m: ModelShape, index: int) -> bool:
+    """Layer ``index`` holds the sparse MLP (False for dense models)."""
+    f = getattr(m, "is_moe_layer", None)
+    return bool(f(index)) if f else False
+
+
+def stage_layers(m: ModelShape, layout: ParallelLayout, stage: int) -> tuple[tuple[int, ...], ...]:
+    """The decoder layers of ``stage``, one tuple per model chunk: virtual stage c·PP + r holds
+    L/(PP·V) consecutive layers; with ``num_layers_in_first/last_pipeline_stage`` the first/last stage holds that many
+    and the rest split evenly (``megatron/core/transformer/transformer_block.py: get_num_layers_to_build``)."""
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if first is None and last is None:
+        return _stage_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage)
+    return _uneven_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage, first, last)
+
+
+@lru_cache(maxsize=1024)
+def _uneven_layers(total: int, pp: int, v: int, stage: int, first: int | None, last: int | None) -> tuple:
+    if v > 1:
+        raise ValueError("uneven pipeline stages with virtual pipeline stages are not priced")
+    left, stages = total - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+    if left < 0 or (stages > 0 and left % stages) or (stages == 0 and left):
+        raise ValueError(
+            f"num_layers ({total}) cannot be split as first {first}, last {last} over {pp} pipeline stages"
+        )
+    counts = [left // stages if stages else 0] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    start = sum(counts[:stage])
+    return (tuple(range(start, start + counts[stage])),)
+
+
+@lru_cache(maxsize=1024)
+def _stage_layers(total: int, pp: int, v: int, stage: int) -> tuple[tuple[int, ...], ...]:
+    if total % (pp * v):
+        raise ValueError(
+            f"num_layers ({total}) must be divisible by pipeline_model_parallel_size ({pp}) × virtual stages ({v})"
+        )
+    per = total // (pp * v)
+    return tuple(tuple(range((c * pp + stage) * per, (c * pp + stage + 1) * per)) for c in range(v))
+
+
+def widths(m: ModelShape, tp: int) -> tuple[int, int, int, int, int]:
+    """(H, q/TP, kv/TP, I, TP): the residual width, one rank's query and key/value widths, the MLP width, TP."""
+    h, d = m.hidden_size, m.head_dim
+    return h, m.num_attention_heads * d // tp, m.num_key_value_heads * d // tp or d, m.intermediate_size, tp
+
+
+def check_supported(m: ModelShape) -> None:
+    for feature in ("mla", "linear_attention", "vision"):
+        if getattr(m, feature, None) is not None:
+            raise ValueError(f"{m.name}: the Megatron memory model does not cover {feature.replace('_', ' ')} yet")
+
+
+def layer_params(m: ModelShape, index: int, layout: ParallelLayout) -> tuple[int, int]:
+    """One layer's parameters on this rank as megatron-core shards them: (all, routed experts). Norm weights,
+    row-parallel biases and the router are replicated over TP; q/k/v, proj, fc1, fc2 split over TP; routed experts
+    over ETP·EP (``megatron/core/transformer/``: ``attention.py``, ``mlp.py``, ``moe/experts.py``)."""
+    h, q, kv, i, tp = widths(m, layout.tp)
+    hd = m.head_dim
+    q_out = 2 * q if getattr(m, "attention_output_gate", False) else q
+    attn = h * (q_out + 2 * kv) + q * h + (q_out + 2 * kv) * m.attention_bias + 2 * hd * m.qk_norm
+    attn += h * getattr(m, "attention_out_bias", False) + m.num_attention_heads // tp * getattr(
+        m, "attention_sinks", False
+    )
+    norms = getattr(m, "norms_per_layer", 2) * h
+    moe = moe_of(m)
+    if moe is None or not is_moe_layer(m, index):
+        bias = (2 * i // tp + h) if getattr(m, "mlp_bias", False) else 0
+        return norms + attn + 3 * h * i // tp + bias, 0
+    e, im = moe.num_experts, moe.moe_intermediate_size
+    one = 3 * h * im // layout.etp + ((2 * im // layout.etp + h) if moe.expert_bias else 0)
+    experts = (e // layout.ep) * one
+    router = e * h + e * moe.router_bias
+    shared = 3 * h * moe.shared_expert_intermediate_size // tp + h * moe.shared_expert_gate
+    return norms + attn + router + shared + experts, experts
+
+
+@lru_cache(maxsize=1024)
+def stage_params(m: ModelShape, layout: ParallelLayout, stage: int, value_head: bool = False) -> tuple[int, int]:
+    """The stage's parameters on one rank: (all, routed experts); embedding V·H/TP on the first stage, the final
+    norm and output layer V·H/TP on the last (tied with PP = 1: shared; tied with PP > 1: a copy), or the critic's
+    value head H."""
+    total = experts = 0
+    kinds: dict[bool, tuple[int, int]] = {}  # every dense (MoE) layer has the same parameters
+    for chunk in stage_layers(m, layout, stage):
+        for index in chunk:
+            sparse = is_moe_layer(m, index)
+            if sparse not in kinds:
+                kinds[sparse] = layer_params(m, index, layout)
+            a, e = kinds[sparse]
+            total, experts = total + a, experts + e
+    vp = -(-m.vocab_size // layout.tp) * m.hidden_size
+    if stage == 0:
+        total += vp
+    if stage == layout.pp - 1:
+        total += m.hidden_size + (
+            m.hidden_size if value_head else (0 if m.tie_word_embeddings and layout.pp == 1 else vp)
+        )
+    return total, experts
+
+
+def check_groups(m: ModelShape, tp: int) -> None:
+    if m.num_key_value_heads % tp or m.num_attention_heads % tp:
+        raise ValueError(
+            f"tensor_model_parallel_size {tp} must divide the {m.num_attention_heads} attention heads and the "
+            f"{m.num_key_value_heads} query groups (megatron-core splits both)"
+        )
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Which models share the GPU and what is offloaded (``megatron.param_offload`` / ``optimizer_offload``)."""
+
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    need_ref: bool = True
+    ref_param_offload: bool | None = None
+    """None: the actor's (verl's ref config follows it)."""
+    need_critic: bool = False
+    critic_param_offload: bool = False
+    critic_optimizer_offload: bool = False
+
+
+def model_states(m: ModelShape, layout: ParallelLayout, stage: int, critic: bool = False) -> dict[str, int]:
+    """One model's states on a rank of ``stage``: bf16 params (2 B), fp32 main grads (4 B, unsharded), optimizer
+    (12 B: over DP·CP for dense, expert DP for experts, with the distributed optimizer; unsharded without)."""
+    phi, experts = stage_params(m, layout, stage, value_head=critic)
+    if layout.use_distributed_optimizer:
+        dp_cp = max(layout.dp_size * layout.cp, 1)
+        opt = 12 * (phi - experts) // dp_cp + 12 * experts // max(layout.expert_dp_size, 1)
+    else:
+        opt = 12 * phi
+    return {"params": 2 * phi, "grads": 4 * phi, "optimizer": opt}
+
+
+def residents(m: ModelShape, layout: ParallelLayout, stage: int, phase: str, r: Residency) -> dict[str, int]:
+    """Model states on the GPU during ``phase`` (verl's engine: train mode loads params, grads and optimizer, eval
+    mode the params only; everything offloaded goes back to CPU on exit)."""
+    actor = model_states(m, layout, stage)
+    out: dict[str, int] = {}
+    on = phase in ("old_log_prob", "update_actor")
+    out["bf16_params"] = actor["params"] if on or not r.param_offload else 0
+    out["fp32_main_grads"] = actor["grads"] if phase == "update_actor" or not r.param_offload else 0
+    out["optimizer_states"] = actor["optimizer"] if phase == "update_actor" or not r.optimizer_offload else 0
+    if r.need_ref:
+        ref_off = r.param_offload if r.ref_param_offload is None else r.ref_param_offload
+        out["ref_bf16_params"] = actor["params"] if phase == "ref_log_prob" or not ref_off else 0
+    if r.need_critic:
+        c = model_states(m, layout, stage, critic=True)
+        on = phase in ("values", "update_critic")
+        out["critic_bf16_params"] = c["params"] if on or not r.critic_param_offload else 0
+        out["critic_fp32_main_grads"] = c["grads"] if phase == "update_critic" or not r.critic_param_offload else 0
+        out["critic_optimizer_states"] = (
+            c["optimizer"] if phase == "update_critic" or not r.critic_optimizer_offload else 0
+        )
+    return out
