@@ -57,6 +57,20 @@ RAN: set[str] = set()  # the notebooks this run executed and saved (the git chec
 # round trip, the kernel's check + plan and the re-render, so the test bounds the median move and the slowest one.
 LATENCY_BOUND_MS = {"median": 250.0, "max": 1000.0}
 RUN_TIMEOUT_S = 150
+# notebook 07's config (the eager entropy of a 16-row log-prob micro-batch of 9,216-token rows: 15+ terms stacked)
+OOM_CONFIG = [
+    "data.train_batch_size=256",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=8192",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+]
+QWEN3_MOE = ROOT / "tests/data/launch_scripts/verl-1dda039/examples/grpo_trainer/run_qwen3_30b_a3b_fsdp.sh"
+WALK_OPTIONS = {"03_micro_batches", "04_balance_batch"}  # their Try-it panel: every dropdown option answers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -309,6 +323,97 @@ def _drive_start_here(page, path: str) -> list[float]:
     return latencies
 
 
+# ---- what the page tells the user is true: colours per term, fixes that change something, no dead option -------
+
+SETTLE_JS = """([node, ms]) => { const t = node.innerText; const now = performance.now();
+  const s = window.__settle = window.__settle || {text: null, since: 0};
+  if (t !== s.text) { s.text = t; s.since = now; return false; }
+  return now - s.since >= ms && !t.includes('planning'); }"""
+DEAD = "labkit cannot plan this"  # the card of a setting labkit cannot plan (lengths wider than the rows ...)
+
+
+def _settle(page, node, quiet_ms: int = 600, timeout_ms: int = 90_000) -> str:
+    """Wait until ``node``'s text has not changed for ``quiet_ms`` (and says no "planning…"); return it."""
+    page.evaluate("() => { window.__settle = null; }")
+    page.wait_for_function(SETTLE_JS, arg=[node, quiet_ms], timeout=timeout_ms, polling=100)
+    return node.inner_text()
+
+
+def _options(select) -> list[str]:
+    return select.evaluate("s => Array.from(s.options).map(o => o.textContent)")
+
+
+def _walk_selects(page, node, selects, where: str) -> int:
+    """Choose every option of every ``<select>`` in turn, the others as they are; each must get an answer, never
+    the card of a setting labkit cannot plan. Puts each select back. Returns how many options were tried."""
+    tried = 0
+    for sel in selects:
+        first = sel.evaluate("s => s.options[s.selectedIndex].textContent")
+        for label in [*_options(sel), first]:
+            sel.select_option(label=label)
+            text = _settle(page, node)
+            tried += 1
+            assert DEAD not in text, f"{where}: {label!r} gives no answer: {text[:400]}"
+    return tried
+
+
+def _paste(page, root, value: str) -> None:
+    text = root.query_selector(DASH_TEXT)
+    text.evaluate("e => e.select()")
+    page.keyboard.insert_text(value)
+
+
+def _choose(page, root, control: str, label: str) -> None:
+    root.query_selector(f".labkit-{control} select").select_option(label=label)
+
+
+MEMORY_JS = """(root) => { const gd = root.querySelector('.labkit-dash-memory-plot .js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  const i = gd.data[0].x.indexOf('old_log_prob');
+  let big = 0; gd.data.forEach((t, k) => { if (t.y[i] > gd.data[big].y[i]) big = k; });
+  const groups = gd.querySelectorAll('.barlayer .trace.bars');
+  const point = groups[big] ? groups[big].querySelectorAll('.point')[i] : null;
+  const label = point && point.querySelector('.bartext');
+  const legend = Array.from(gd.querySelectorAll('.legend .traces')).map(t => [t.textContent.trim(),
+    (t.querySelector('.legendpoints path') || {style: {}}).style.fill]);
+  return {largest: gd.data[big].name, label: label ? label.textContent : null, legend: legend,
+          traces: gd.data.length, title: gd.layout.title.text}; }"""
+FIXES_JS = """(root) => Array.from(root.querySelectorAll('.labkit-dash-memory table')).flatMap(t => {
+  const head = Array.from(t.querySelectorAll('th')).map(h => h.textContent);
+  return Array.from(t.querySelectorAll('tbody tr')).map(r => { const c = Array.from(r.querySelectorAll('td'));
+    return {fix: c[head.indexOf('fix (alone)')].textContent, now: c[head.indexOf('now')].textContent}; }); })"""
+
+
+def _check_dashboard_truths(page, root) -> None:
+    """On the dashboard after Run All: notebook 07's config shows its old_log_prob bar with "entropy" written on
+    its largest block and one legend colour per term; verl's run_qwen3_30b_a3b_fsdp.sh gets no fix it already has;
+    every length and GPU option gives an answer."""
+    from labkit.ui.dashboard import state_of
+
+    engine = next(b for b in root.query_selector_all(f"{DASH_PROFILE} button") if b.inner_text().strip() == "engine")
+    engine.click()  # the start test left the legacy profile on; 07 prices the engine's
+    _paste(page, root, " ".join(OOM_CONFIG))
+    _choose(page, root, "lengths", "none (rows only)")
+    _choose(page, root, "model", "Qwen2.5-7B")
+    _settle(page, root)
+    page.wait_for_function(f"root => ({MEMORY_JS})(root) !== null", arg=root, timeout=30_000)
+    mem = page.evaluate(MEMORY_JS, root)
+    assert mem["largest"] == "entropy" and mem["label"] == "entropy", mem
+    fills = [fill for _, fill in mem["legend"]]
+    assert len(fills) == mem["traces"] and len(set(fills)) == len(fills), mem["legend"]
+    assert "every row at full width" in mem["title"], mem["title"]
+    root.query_selector(".labkit-dash-memory-plot").screenshot(path=str(ARTIFACTS / "memory_terms.png"))
+    _paste(page, root, QWEN3_MOE.read_text())
+    _choose(page, root, "model", "auto (model.path)")
+    _settle(page, root)
+    shown = page.evaluate(FIXES_JS, root)
+    want = state_of(QWEN3_MOE.read_text(), **_dash_inputs(root)).memory.fixes[:8]
+    assert shown and [r["fix"] for r in shown] == [f["set"] for f in want], (shown, want)
+    assert all(r["fix"] != r["now"] and "use_dynamic_bsz=true" not in r["fix"] for r in shown), shown
+    tried = _walk_selects(page, root, [root.query_selector(f".labkit-{c} select") for c in ("lengths", "gpu")], START)
+    print(f"{START}: {tried} dashboard options, each answered")
+
+
 def test_start_notebook_runs_and_its_widgets_answer(lab):
     server, page, console_errors = lab
     t0, cpu0 = time.perf_counter(), jl.tree_cpu_s()
@@ -321,6 +426,8 @@ def test_start_notebook_runs_and_its_widgets_answer(lab):
         if START_HERE:
             _readme_picture(page)
         latencies = (_drive_start_here if START_HERE else _drive_four_layers_panel)(page, START)
+        if START_HERE:
+            _check_dashboard_truths(page, page.query_selector(DASH_ROOT))
         done = True
     finally:  # a failure here must not leave the tab (and its kernel) to the next tests
         jl.save_and_close(page, START, save=done)
@@ -348,6 +455,15 @@ def test_notebook_runs_in_the_browser(lab, path):
             print(f"{path}: run all {time.perf_counter() - t0:.1f} s, {jl.tree_cpu_s() - cpu0:.1f} CPU-s")
             kernels, open_tabs = len(server.api("/api/kernels")), page.evaluate("() => window.__lab.openNotebooks()")
             assert kernels == open_tabs, f"{path}: {kernels} kernels for {open_tabs} open notebook(s)"
+            if stem in WALK_OPTIONS:
+                panel = _panel(page, path)
+                panel.scroll_into_view_if_needed()
+                page.wait_for_function(  # the widget views render after the kernel is done
+                    "root => root.querySelectorAll('.widget-dropdown select').length > 0", arg=panel, timeout=30_000
+                )
+                tried = _walk_selects(page, panel, panel.query_selector_all(".widget-dropdown select"), path)
+                assert tried >= 3, tried
+                print(f"{path}: {tried} options of its panel, each answered")
         else:
             shown = jl.open_notebook(page, path)
             assert shown == len(json.loads((server.root / path).read_text())["cells"])

@@ -4,6 +4,7 @@ verl reads it, every panel shows the config's own numbers, an invalid config lea
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import statistics
@@ -242,3 +243,56 @@ def test_suite_map_links_every_notebook():
     for stem in links - files:  # not written yet: marked so in the map
         assert re.search(rf"\({stem}\.ipynb\) \(coming\)", text), stem
     assert all(stem in listed for stems in PANELS.values() for stem in stems)
+
+
+def test_every_dashboard_option_works_with_its_defaults():
+    """Each option of the lengths, model, GPU, profile and loop controls, the others at the notebook's defaults:
+    labkit plans it (verl's verdict, the figures), never "labkit cannot plan this"; seed-8 (a 9,000-token row) is
+    offered exactly when the pasted rows are that wide."""
+    from labkit.memory.choice import settings_for
+    from labkit.memory.step_memory import trace_phases
+
+    d = Dashboard(CONFIG, background=False)
+    assert "seed-8" not in d.lengths.options and d.lengths.value == S.Inputs(CONFIG).lengths
+    st = d.state
+    for model in d.model.options[1:]:  # the memory each model prices (a whole OOM fix search takes seconds)
+        s = settings_for(st.cfg, model, d.gpu.value)
+        assert trace_phases(st.trace, st.cfg, s), model
+    for gpu in d.gpu.options:
+        assert trace_phases(st.trace, st.cfg, settings_for(st.cfg, None, gpu)), gpu
+    every = {name: list(getattr(d, name).options) for name in ("lengths", "profile", "loop", "gpu")}
+    every["model"] = [d.model.options[0], "Qwen2.5-0.5B", "Qwen3-30B-A3B"]  # auto, and two through the widgets
+    for name, values in every.items():
+        c = getattr(d, name)
+        old = c.value
+        for value in values:
+            c.value = value
+            assert d.state.error is None and d.state.memory_error is None, (name, value, d.state.error)
+            assert "labkit cannot plan" not in d.verdict.value, (name, value)
+        c.value = old
+    wide = CONFIG.replace("data.max_response_length=3072", "data.max_response_length=8192")
+    d.set(text=wide)
+    assert "seed-8" in d.lengths.options
+    d.set(lengths="seed-8")
+    assert d.state.error is None and d.state.accepted and len(set(d.state.lengths)) == 8
+    d.set(text=CONFIG)  # narrower again: the choice stays, listed, and says why it does not fit
+    assert d.lengths.value == "seed-8" and "seed-8" in d.lengths.options and d.state.error is not None
+    d.set(lengths="gsm8k-like")
+    assert "seed-8" not in d.lengths.options and d.state.error is None
+
+
+def test_the_memory_title_and_fixes_follow_the_inputs():
+    """The chart's title says which lengths the bars were computed with (a second line, clear of plotly's toolbar);
+    each fix in the table says what the config holds now, never the value it sets."""
+    full = render(state_of(CONFIG, lengths=S.NO_LENGTHS)).memory["layout"]["title"]["text"]
+    short = render(state_of(CONFIG, lengths="gsm8k-like")).memory["layout"]["title"]["text"]
+    assert "every row at full width" in full and "gsm8k-like" not in full
+    assert "gsm8k-like" in short and "full width" not in short
+    for title in (full, short):
+        assert max(len(re.sub("<[^>]+>", "", line)) for line in title.split("<br>")) <= 70, title
+    big = state_of(CONFIG, model="Qwen2.5-72B")
+    view = render(big)
+    assert "<th style='padding:2px 8px;border-bottom:1px solid #ddd;text-align:left'>now</th>" in view.memory_text
+    for f in big.memory.fixes:
+        assert f["set"] != f["from"] and all(c["from"] != c["to"] for c in f["changes"]), f
+        assert html.escape(f["from"]) in view.memory_text or f not in big.memory.fixes[:8]

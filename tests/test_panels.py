@@ -404,3 +404,110 @@ def test_showing_a_figure_never_loads_plotlys_renderers():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "Figure []", done.stdout[-500:]
+
+
+# ---- every option a panel offers works with the panel's other defaults ---------------------------------------
+
+OPTION_PANELS = {**{k: v[0] for k, v in PANELS.items()}, "memory_panel": _large_memory_panel}
+
+
+def _input_card(panel) -> str | None:
+    """The card of a setting labkit cannot plan (lengths wider than the rows, an unreadable value), if one shows."""
+    for h in _walk(panel, (W.HTML,)):
+        if "labkit cannot plan this" in h.value or "labkit failed" in h.value:
+            return h.value
+    for out in _walk(panel, (W.Output,)):  # the memory panel shows its card in an Output
+        for o in out.outputs:
+            text = json.dumps(o.get("data", {}))
+            if "labkit cannot plan this" in text or "labkit failed" in text:
+                return text[:300]
+    return None
+
+
+@pytest.mark.parametrize("name", list(OPTION_PANELS))
+def test_every_option_works_with_the_panels_defaults(name, capsys):
+    """Each option of each dropdown and toggle, the other controls at their defaults: an answer (figures, or verl's
+    verdict on that setting), never a card saying labkit cannot plan it (seed-8's 9,000-token row under 5,120-token
+    rows was offered and failed)."""
+    panel = OPTION_PANELS[name]()
+    assert _input_card(panel) is None
+    walked = 0
+    for c in controls(panel):
+        if not isinstance(c, (W.Dropdown, W.ToggleButtons)) or c.disabled:
+            continue
+        old = c.value
+        for value in [o[1] if isinstance(o, tuple) else o for o in c.options]:
+            c.value = value
+            walked += 1
+            assert _input_card(panel) is None, f"{name}: {c.description} = {value!r}: {_input_card(panel)[:300]}"
+        c.value = old
+    capsys.readouterr()
+    assert walked >= 3
+
+
+def test_length_options_follow_the_row_width():
+    """notebook 01's panel: seed-8 (a 9,000-token row) is offered once the rows are that wide, and works then; the
+    chosen profile stays listed when the rows shrink again, with its card."""
+    panel = _plan_panel()
+    rows = control(panel, "row lengths")
+    assert "seed-8" not in rows.options
+    control(panel, "response length").value = 9000
+    assert "seed-8" in rows.options and rows.value == "full-width"  # the choice stays, no event changed it
+    rows.value = "seed-8"
+    assert _input_card(panel) is None and panel.figure_area.showing == "figures"
+    control(panel, "response length").value = 512
+    assert rows.value == "seed-8" and "seed-8" in rows.options and _input_card(panel) is not None
+    rows.value = "gsm8k-like"
+    assert "seed-8" not in rows.options and _input_card(panel) is None
+
+
+def test_the_pipeline_table_ends_where_verl_stops():
+    """Ulysses SP = 4 on 6 GPUs: verl stops at worker init (X4), so no stage runs and none is tabled; a config verl
+    stops in step 1 shows the stages up to that one and nothing planned after it."""
+    from labkit.config.verl_config import load_config
+    from labkit.plan.step import plan
+    from labkit.ui.plan_tables import stage_table_html
+    from labkit.validate.report import check
+
+    panel = _plan_panel()
+    control(panel, "Ulysses SP").value = 4
+    verdict, table = (h.value for h in _walk(panel, (W.HTML,))[-2:])
+    assert "data-verl-code='X4'" in verdict and "worker init" in verdict
+    assert "<tr>" not in table and "before step 1: no stage runs" in table
+    n13 = load_config(overrides=SEED_EXAMPLE + [f"{ARR}.rollout.n=13", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=10"])
+    report, trace = check(n13), plan(n13)
+    assert report.first_error.when == "step 1"
+    html = stage_table_html(trace, report)
+    stages = trace.stage_names()
+    stop = next(i for i, s in enumerate(trace.stages) if s.note.startswith("verl stops"))
+    for name in stages[: stop + 1]:
+        assert f">{name}</td>" in html
+    for name in stages[stop + 1 :]:
+        assert f">{name}</td>" not in html
+    if stop + 1 < len(stages):
+        assert "not run: " + ", ".join(stages[stop + 1 :]) in html
+
+
+@pytest.mark.parametrize(
+    "factory, bad, code",
+    [(_micro_batch_panel, ("GPUs (ranks)", 3), "E1"), (_balance_panel, ("GPUs (ranks)", 3), "E38")],
+    ids=["micro_batch_panel", "balance_panel"],
+)
+def test_a_card_carries_the_fix_verl_checks_offer(factory, bad, code):
+    """03's E1 card (64 rows on 3 GPUs, static path) and 04's E38: the fix line of labkit check's verified fixes."""
+    from labkit.config.verl_config import load_config
+    from labkit.ui import lessons
+    from labkit.validate.report import check
+
+    panel = factory()
+    control(panel, bad[0]).value = bad[1]
+    card = shown(panel)[0][0]
+    assert f"data-verl-code='{code}'" in card
+    sizes = dict(ranks=3, sp=1, n_prompts=16, n=4, prompt_length=1024, response_length=4096)
+    if code == "E1":  # the panel's static path, legacy profile
+        cfg = load_config(overrides=lessons.overrides(dynamic=False, budget=8192, micro=4, **sizes), profile="legacy")
+    else:  # the panel's _balance_batch config: v0 loop, a budget of the row width
+        over = lessons.overrides(dynamic=True, budget=5120, micro=1, **sizes) + ["trainer.use_v1=false"]
+        cfg = load_config(overrides=over)
+    fixes = check(cfg).first_error.fixes
+    assert fixes and "<b>fix</b>" in card and all(f in card for f in fixes)

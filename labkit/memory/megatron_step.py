@@ -102,7 +102,17 @@ def _entropy(phase: str, s: MemorySettings) -> bool:
 
 def megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any = None) -> dict[str, Phase]:
     """Every phase of ``names`` under Megatron: generate with the Megatron model states that stay on the GPU, and
-    each training phase as its worst stage (instants ``stage k: …``; ``info['stage_peaks']`` per stage)."""
+    each training phase as its worst stage (instants ``stage k: …``; ``info['stage_peaks']`` per stage).
+    ConfigError for a shape or setting the Megatron memory model does not price (said, never guessed)."""
+    try:
+        return _megatron_phases(cfg, s, names, trace)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"Megatron memory not priced: {exc} (labkit check and plan still answer)") from None
+
+
+def _megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any) -> dict[str, Phase]:
     geo = BatchGeometry.from_config(cfg)
     layout = geo.parallel
     r = residency_of(cfg, s)
@@ -119,10 +129,7 @@ def megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any = 
         else:
             hows[name] = "from the plan's micro-batches (largest on any GPU, after padding and the CP split)"
         passes[name] = got
-    try:
-        mm = megatron_memory(s.model, layout, passes, r, s.gpu_bytes)
-    except ValueError as exc:  # a shape or setting the Megatron memory model does not price: say so, never guess
-        raise ConfigError(f"Megatron memory not priced: {exc} (labkit check and plan still answer)") from None
+    mm = megatron_memory(s.model, layout, passes, r, s.gpu_bytes)
     out: dict[str, Phase] = {}
     for name in names:
         if name == "generate":

@@ -1,19 +1,22 @@
 """ "Why did it OOM?": the first phase whose peak exceeds the GPU, and the verl knobs that would fix it, each with
-its new predicted peak and what it costs. A fix is a config override re-evaluated by the same model (no guessing).
+its new predicted peak and what it costs. A fix is a config override re-evaluated by the same model (no guessing),
+never a value the config already has, and it says what it changes from and to. The knobs tried are
+``labkit.memory.fix_candidates.CANDIDATES`` (one function per family of knobs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from dataclasses import fields as fields_of
 from typing import Any
 
-from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
-from labkit.memory.headroom import state
+from labkit.memory.fix_candidates import candidates
+from labkit.memory.headroom import gpu_settings, state
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
-from labkit.memory.step_memory import PASS_KEYS, config_shape, step_phases, trace_phases
+from labkit.memory.step_memory import step_phases, trace_phases
 from labkit.rules.catalogue import catalogue
 from labkit.trace import StepTrace
 from labkit.validate.report import check
@@ -33,6 +36,8 @@ class MemoryReport:
     """The length assumption the verdict rests on."""
     verl_error: str | None = None
     """The code of the error verl raises for the config itself (None: it accepts it); each fix has its own."""
+    lengths_short: str = "worst case: every row at full width"
+    """The same assumption in a few words (a figure's title)."""
 
     def state(self, name: str) -> tuple[str, int]:
         """``("fits" | "tight" | "OOM", bytes left)`` of one phase (``labkit.memory.headroom.state``)."""
@@ -84,132 +89,49 @@ def _with(cfg: VerlConfig, **values: Any) -> VerlConfig:
     return VerlConfig(cfg.profile, {**cfg.values, **values}, dict(cfg.ignored))
 
 
-def _candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[tuple[str, list[dict], str]]:
-    """(knob, [overrides or settings changes to try, most generous first], cost) for one failing phase."""
-    out: list[tuple[str, list[dict], str]] = []
-    if phase in PASS_KEYS:
-        rows_key, dyn_key, budget_key, sp_key = PASS_KEYS[phase]
-        forward_only = not phase.startswith("update")
-        if not cfg.get(dyn_key):
-            m = config_shape(cfg, phase)[0].rows  # the per-GPU rows, also when a deprecated global size set them
-            deprecated = rows_key.removesuffix("_per_gpu")  # verl refuses both set: drop the global size
-            drop = {deprecated: None} if deprecated in cfg.values and cfg.get(deprecated) is not None else {}
-            tries = [{rows_key: r, **drop} for r in (m // 2**k for k in range(1, 12)) if r >= 1]
-            what = (
-                "log-probs unchanged up to bf16 kernel drift" if forward_only else "same gradient (more accumulation)"
-            )
-            out.append((rows_key, tries, f"more micro-batches, more time; {what}"))
-        longest = s.max_model_len
-        budgets = [b for b in (2**k for k in range(20, 9, -1)) if b >= longest]
-        # the engine's old log-prob follows actor.use_dynamic_bsz (0.9.1 asserts the two flags agree)
-        engine_old = cfg.profile == "engine" and phase == "old_log_prob"
-        flags = {dyn_key: True, **({f"{ACTOR}.use_dynamic_bsz": True} if engine_old else {})}
-        tries = [{**flags, budget_key: b} for b in budgets]
-        out.append(
-            (
-                f"{dyn_key}=true + {budget_key}",
-                tries,
-                "token-balanced micro-batches; the budget must be ≥ the "
-                f"longest sequence ({longest:,}); legacy scales the loss per micro-batch"
-                + ("; the engine's update turns dynamic too" if engine_old else ""),
-            )
-        )
-        sp = cfg.get(sp_key)
-        if s.world_size % (2 * sp) == 0 and s.model.num_attention_heads % (2 * sp) == 0:
-            out.append(
-                (
-                    sp_key,
-                    [{sp_key: 2 * sp}],
-                    "Ulysses all-to-alls per layer; halves DP; a dynamic budget is "
-                    "multiplied by SP, so it only helps with a static micro-batch or a smaller budget",
-                )
-            )
-    if phase in ("old_log_prob", "ref_log_prob", "update_actor") and not s.fused_kernels:
-        out.append(
-            (
-                f"{MODEL}.use_fused_kernels",
-                [{"fused_kernels": True}],
-                "log-probs from hidden states 512 tokens at a time, no full logits; a different kernel "
-                "(verl's FusedLinearForPPO), the same math up to bf16 rounding",
-            )
-        )
-    if (phase == "old_log_prob" or (phase == "update_actor" and s.update_entropy)) and not s.entropy_compiled:
-        out.append(
-            (
-                f"{ACTOR}.use_torch_compile",
-                [{"entropy_compiled": True}],
-                "torch.compile's first-step compile time; the same entropy up to fusion rounding",
-            )
-        )
-    if phase == "old_log_prob" and not s.entropy_chunking:
-        out.append(
-            (
-                f"{ACTOR}.entropy_from_logits_with_chunking",
-                [{"entropy_chunking": True}],
-                "a little time (2,048 rows at a time); same entropy",
-            )
-        )
-    if phase.startswith("update") and not s.gradient_checkpointing:
-        out.append(
-            (
-                f"{MODEL}.enable_gradient_checkpointing",
-                [{"gradient_checkpointing": True}],
-                "one more forward per micro-batch (~+33% update compute); same gradient",
-            )
-        )
-    if not s.param_offload:
-        out.append(
-            (
-                f"{ACTOR}.fsdp_config.param_offload",
-                [{"param_offload": True}],
-                "params cross PCIe twice a step; same math",
-            )
-        )
-    if not s.optimizer_offload:
-        out.append(
-            (
-                f"{ACTOR}.fsdp_config.optimizer_offload",
-                [{"optimizer_offload": True}],
-                "Adam states cross PCIe once a step; same math",
-            )
-        )
-    if s.need_ref and not s.ref_param_offload:
-        out.append(
-            (f"{REF}.fsdp_config.param_offload", [{"ref_param_offload": True}], "ref params cross PCIe; same math")
-        )
-    if not s.free_cache_engine:
-        out.append(
-            (
-                f"{ROLLOUT}.free_cache_engine",
-                [{"free_cache_engine": True}],
-                "the engine sleeps and wakes each step (seconds); same math",
-            )
-        )
-    u = s.gpu_memory_utilization
-    tries = [{"gpu_memory_utilization": round(u - 0.05 * k, 2)} for k in range(1, 20) if u - 0.05 * k > 0.04]
-    out.append(
-        (
-            f"{ROLLOUT}.gpu_memory_utilization",
-            tries,
-            "a smaller KV pool: fewer sequences in flight, slower generation (preemption); same math",
-        )
-    )
-    seqs = [{"max_num_seqs": s.max_num_seqs // 2**k} for k in range(1, 8) if s.max_num_seqs // 2**k >= 1]
-    out.append((f"{ROLLOUT}.max_num_seqs", seqs, "fewer rollout sequences in flight: lower generation throughput"))
+def _text(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _changes(cfg: VerlConfig, s: MemorySettings, knob: str, change: dict) -> list[tuple[str, Any, Any]]:
+    """``(config key, value now, value after)`` of each part of ``change`` that changes something: a dotted key
+    against the config (``None``: the key is deleted), a settings field against the settings (its config key is
+    the candidate's knob)."""
+    out = []
+    for k, v in change.items():
+        if "." not in k:
+            key, now = knob, getattr(s, k)
+        else:
+            key, now = k, cfg.values.get(k) if v is None else cfg.get(k)
+        if now != v:
+            out.append((key, now, v))
     return out
 
 
-def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig, MemorySettings, str]:
+def _derived(cfg: VerlConfig, s: MemorySettings) -> MemorySettings:
+    """What ``cfg`` alone makes of the settings (``labkit.memory.choice.settings_for``'s reading, default GPU)."""
+    g = gpu_settings(cfg, None)
+    g.pop("gpu_bytes")
+    return MemorySettings.from_config(cfg, s.model, s.gpu_bytes, **g)
+
+
+def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig, MemorySettings]:
+    """The config and settings after ``change``: a changed key moves every settings field it derives (the SP size
+    moves the NCCL buffers too), a settings field is set as it is."""
     fields = {k: v for k, v in change.items() if "." not in k}
     keys = {k: v for k, v in change.items() if "." in k}
     new_cfg = _with(cfg, **keys) if keys else cfg
-    new_s = replace(s, **fields) if fields else s
-    if keys and any(k.endswith("ulysses_sequence_parallel_size") for k in keys):
-        new_s = replace(new_s, actor_sp=new_cfg.get(f"{ACTOR}.ulysses_sequence_parallel_size"))
-    text = ", ".join(
-        f"~{k}" if v is None else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()
-    )
-    return new_cfg, new_s, text
+    new_s = s
+    if keys:
+        old, new = _derived(cfg, s), _derived(new_cfg, s)
+        moved = {f.name: getattr(new, f.name) for f in fields_of(MemorySettings)}
+        new_s = replace(s, **{k: v for k, v in moved.items() if getattr(old, k) != v})
+    return new_cfg, replace(new_s, **fields) if fields else new_s
+
+
+def _setting(changes: list[tuple[str, Any, Any]], side: int) -> str:
+    """The changes as overrides: ``side`` 2 the values after (``~key``: delete it), 1 the values now."""
+    return ", ".join(f"~{c[0]}" if side == 2 and c[2] is None else f"{c[0]}={_text(c[side])}" for c in changes)
 
 
 catalogue()  # every fix is checked against verl's rules, whose messages come from the catalogue: read it once, here
@@ -226,31 +148,40 @@ def fixes_for(
     cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate, base_error: str | None
 ) -> list[dict[str, Any]]:
     """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost, and
-    verl's verdict on the changed config (``base_error``, the config's own, for a change of settings only)."""
+    verl's verdict on the changed config (``base_error``, the config's own, for a change of settings only).
+
+    A value the config already has is never offered: each fix changes something, and says what from and to
+    (``set``: the overrides to pass, ``from``: the same keys as they are now, ``changes``: key, from, to; ``~key``
+    deletes a key). A knob that moves the phase no lower than it is now is left out."""
     out = []
-    for knob, tries, cost in _candidates(cfg, s, phase):
+    base = None
+    for knob, tries, cost in candidates(cfg, s, phase):
         best = None
         for change in tries:
-            new_cfg, new_s, text = _apply(cfg, s, change)
+            changes = _changes(cfg, s, knob, change)
+            if not changes:
+                continue  # the config has this value already: no fix
+            new_cfg, new_s = _apply(cfg, s, change)
             phases = evaluate(new_cfg, new_s)
             if phase not in phases:
                 continue
             fits = not _short(new_s, phases[phase])
-            setting = text or ", ".join(
-                f"{knob}={str(v).lower() if isinstance(v, bool) else v}" for v in change.values()
-            )
-            best = (setting, phases, fits, new_s, new_cfg)
+            best = (changes, phases, fits, new_s, new_cfg)
             if fits:
                 break
         if best is None:
             continue
-        setting, phases, fits, new_s, new_cfg = best
-        if not fits and phases[phase].peak_bytes >= evaluate(cfg, s)[phase].peak_bytes:
-            continue  # this knob does not move this phase
+        changes, phases, fits, new_s, new_cfg = best
+        if not fits:
+            base = base if base is not None else evaluate(cfg, s)[phase].peak_bytes
+            if phases[phase].peak_bytes >= base:
+                continue  # this knob does not move this phase
         out.append(
             {
                 "knob": knob,
-                "set": setting,
+                "set": _setting(changes, 2),
+                "from": _setting(changes, 1),
+                "changes": [{"key": k, "from": now, "to": v} for k, now, v in changes],
                 "phase": phase,
                 "new_peak_bytes": phases[phase].peak_bytes,
                 "fits": fits,
@@ -294,4 +225,9 @@ def memory_report(
         else f"lengths {label or (lengths if isinstance(lengths, str) else f'given ({len(lengths):,} samples)')}: "
         "the largest micro-batch on any GPU (worst case), the median one (typical case)"
     )
-    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, base_error)
+    short = (
+        "worst case: every row at full width"
+        if lengths is None
+        else f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
+    )
+    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, base_error, short)

@@ -1,8 +1,9 @@
 """ipywidgets panels for notebooks 03 (micro-batches) and 04 (``_balance_batch``): pure arithmetic, no processes.
 
-Every change runs verl's checks (``labkit.validate.report.check``) and the functions the planner runs for these
-stages (``labkit.balance``), and redraws the figures; a setting verl or labkit rejects clears them, and its verdict
-card stands in their place.
+Every change runs verl's checks (``labkit.validate.report.check``, with the fixes it verifies, so every card of a code
+with a fix shows it) and the functions the planner runs for these stages (``labkit.balance``), and redraws the
+figures; a setting verl or labkit rejects clears them, and its verdict card stands in their place. The length-profile
+dropdown offers only the profiles the panel's rows can hold (its width is fixed).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import ipywidgets as W
 
 from labkit.balance import balance_batch, micro_batches
-from labkit.config.lengths import LengthsError, profile_names
+from labkit.config.lengths import LengthsError
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.rules.geometry import lengths_for_config
 from labkit.ui import balance_figures, figures, lessons
@@ -55,8 +56,9 @@ def _sp(value: int) -> W.IntText:
     return parts.int_box("Ulysses SP", value, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
 
 
-def _lengths(value: str) -> W.Dropdown:
-    return W.Dropdown(options=profile_names(), value=value, description="length profile", style=parts.STYLE)
+def _lengths(value: str, width: int) -> W.Dropdown:
+    """The length profiles rows of ``width`` tokens can hold (the panel's width is fixed: no other is offered)."""
+    return parts.lengths_dropdown(value, width)
 
 
 class _Rows:
@@ -114,7 +116,7 @@ def micro_batch_panel(
         "sp": _sp(sp),
         "n_prompts": parts.int_box("B (prompts)", n_prompts, "data.train_batch_size (= ppo_mini_batch_size)"),
         "n": parts.int_box("rollout.n", n),
-        "lengths": _lengths(lengths),
+        "lengths": _lengths(lengths, prompt_length + response_length),
         "profile": parts.profile_toggle(profile),
     }
     rows = _Rows(seed)
@@ -139,8 +141,8 @@ def micro_batch_panel(
             f"micro-batch ({v['profile']})<br>"
         )
         reports = {
-            "static": check(static_cfg, max_seq_len=max(lens), fixes=False),
-            "dynamic": check(dyn_cfg, max_seq_len=max(lens), fixes=False),
+            "static": check(static_cfg, max_seq_len=max(lens)),
+            "dynamic": check(dyn_cfg, max_seq_len=max(lens)),
         }
         failed = {path: r for path, r in reports.items() if not r.ok}
         cards = "".join(f"<b>{path} path</b>{verdict_html(r)}" for path, r in failed.items())
@@ -187,7 +189,7 @@ def balance_panel(
         "sp": _sp(sp),
         "n_prompts": parts.int_box("B (prompts)", n_prompts, "data.train_batch_size"),
         "n": parts.int_box("rollout.n", n),
-        "lengths": _lengths(lengths),
+        "lengths": _lengths(lengths, prompt_length + response_length),
         "seed": parts.int_box("seed", seed, "the draw of the length profile"),
     }
     rows = _Rows(seed)
@@ -208,7 +210,7 @@ def balance_panel(
             + ["trainer.use_v1=false"]  # RayPPOTrainer._balance_batch (v0); notebook 10 shows v1's
         )
         lens = rows.lengths(cfg, v["lengths"], v["seed"])
-        report = check(cfg, max_seq_len=max(lens), fixes=False)
+        report = check(cfg, max_seq_len=max(lens))
         dp = v["ranks"] // v["sp"]
         text = f"<b>_balance_batch</b>: KK over B·n = {len(lens):,} rows into D = {dp} partitions"
         if not report.ok:  # verl stops before or at _balance_batch (E1, E36, E38 ...)

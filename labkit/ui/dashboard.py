@@ -161,6 +161,8 @@ class Dashboard:
 
     def update(self, _: Any = None) -> None:
         """Show the input's verdict now, and its plan as soon as it is ready (the observer of every control)."""
+        if getattr(self.lengths, "refitting", False):  # the length options follow the text: not a user's choice
+            return
         inputs = self.inputs()
         self.loop.disabled = inputs.profile != "engine"
         with self._lock:
@@ -169,13 +171,23 @@ class Dashboard:
         st = S.cached(inputs)
         if st is not None or not self.background:
             st = st or S.evaluate(inputs)
+            self._refit(st)
             self._show(gen, st)
             self._follow(gen, st)
             return
         first = S.quick(inputs)
+        self._refit(first)
         self._show(gen, first, pending=not S.final(first))
         if not S.final(first):
             self._worker.submit(lambda: self._compute(gen, inputs))
+
+    def _refit(self, st: S.State) -> None:
+        """Offer the length profiles this config's rows can hold (an explicit list wider than the rows is no choice
+        but an error); the chosen one stays, and no observer fires."""
+        from labkit.ui.panel_parts import refit_lengths, row_width
+
+        if st.cfg is not None:
+            refit_lengths(self.lengths, row_width(st.cfg), always=[S.NO_LENGTHS])
 
     def _compute(self, gen: int, inputs: S.Inputs) -> None:
         if gen == self._gen:

@@ -13,10 +13,11 @@ from typing import Any
 from labkit.trace import StepTrace
 from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, hline_spec, plain_figure, specs
 from labkit.ui.html_table import html_table
+from labkit.ui.memory_figures import phase_columns, phase_title
 from labkit.ui.plan_tables import stage_table_html
+from labkit.ui.term_colours import term_bars
 
 GiB = 2**30
-COLORS = [*PALETTE, "#EECA3B", "#BAB0AC", "#6F4E7C", "#3D3D3D", "#17BECF", "#BCBD22"]  # one per memory term
 METRICS = {  # RankRecord field -> axis title (with its unit)
     "tokens": "real tokens per DP rank",
     "rows": "rows (samples) per DP rank",
@@ -25,9 +26,9 @@ METRICS = {  # RankRecord field -> axis title (with its unit)
 }
 
 
-def _spec(data: list[dict], title: str, x: str, y: str, **layout: Any) -> FigureSpec:
+def _spec(data: list[dict], title: str, x: str, y: str, height: int = 340, **layout: Any) -> FigureSpec:
     with specs():
-        return plain_figure(data, title, x, y, height=340, **layout)
+        return plain_figure(data, title, x, y, height=height, **layout)
 
 
 def mime_bundle(spec: dict) -> dict:
@@ -85,23 +86,13 @@ def rank_bars(trace: StepTrace, metric: str = "tokens") -> dict:
 
 
 def memory_figure(rep: Any) -> dict:
-    """One stacked bar per phase (the terms live at its peak, GiB per GPU) and the GPU's capacity as a dashed line."""
-    names = list(rep.phases)
-    terms = list(dict.fromkeys(t for p in rep.phases.values() for t in p.terms))
-    data = [
-        {
-            "type": "bar",
-            "name": term,
-            "x": names,
-            "y": [rep.phases[n].terms.get(term, 0) / GiB for n in names],
-            "marker": {"color": COLORS[i % len(COLORS)]},
-            "hovertemplate": f"{term}: %{{y:.2f}} GiB<extra></extra>",
-        }
-        for i, term in enumerate(terms)
-    ]
+    """One stacked bar per phase (the terms live at its peak, GiB per GPU, one colour per term as in every figure of
+    the lab, the largest named on the bar) and the GPU's capacity as a dashed line; the title says which lengths
+    the bars were computed with."""
     cap = rep.settings.gpu_bytes / GiB
-    title = f"Peak memory per phase, one GPU ({rep.settings.model.name}, worst case: every row at full width)"
-    return _spec(data, title, "phase", "GiB per GPU", barmode="stack", **hline_spec(cap, f"GPU {cap:.0f} GiB"))
+    layout = {"margin": {"t": 80}, **hline_spec(cap, f"GPU {cap:.0f} GiB")}
+    bars = term_bars(phase_columns(rep))
+    return _spec(bars, phase_title(rep), "phase", "GiB per GPU", height=460, barmode="stack", **layout)
 
 
 def memory_html(rep: Any, note: str | None = None) -> str:
@@ -132,6 +123,7 @@ def memory_html(rep: Any, note: str | None = None) -> str:
             {
                 "phase": f["phase"],
                 "fix (alone)": f["set"],
+                "now": f.get("from", ""),
                 "new peak GiB": round(f["new_peak_bytes"] / GiB, 2),
                 "phase fits": "yes" if f["fits"] else "no",
                 "whole step fits": "yes" if f["step_fits"] else "no",
@@ -141,7 +133,7 @@ def memory_html(rep: Any, note: str | None = None) -> str:
         ]
         if rows:
             out.append(html_table(rows, caption="Fixes (memory only; the verdict above says whether verl accepts)"))
-    out.append(f"<div><i>Lengths: {esc(rep.lengths)}.</i></div>")
+    out.append(f"<div><i>Memory computed for {esc(rep.lengths)}.</i></div>")
     if note:
         out.append(f"<div><i>{esc(note)}</i></div>")
     return "".join(out)

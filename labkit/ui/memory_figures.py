@@ -1,5 +1,6 @@
-"""Figures and a panel for the memory model: stacked bars of each phase's terms, predicted bytes per rank and
-stage, predicted vs measured, and sliders with model/GPU presets that re-answer "why did it OOM?" at once."""
+"""Figures and a panel for the memory model: stacked bars of each phase's terms (one colour per term, the same in
+every figure: ``labkit.ui.term_colours``), predicted bytes per rank and stage, predicted vs measured, and a panel of
+number boxes, toggles, a utilisation slider and model/GPU dropdowns that re-answers "why did it OOM?" at once."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from labkit.memory.command import render_text
 from labkit.memory.shapes import gpu_names, model_names
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace
+from labkit.ui.figure_style import hline_spec, plain_figure
+from labkit.ui.term_colours import term_bars
 
 GiB = 2**30
 SIZES = [  # (override key, label): number boxes, any value
@@ -35,22 +38,32 @@ TOGGLES = [
 ]
 
 
+def phase_columns(rep: MemoryReport) -> dict[str, dict[str, int]]:
+    """Each phase's terms live at its peak (bytes), by phase."""
+    return {name: dict(p.terms) for name, p in rep.phases.items()}
+
+
+def phase_title(rep: MemoryReport) -> str:
+    """The title of a phase chart: the model, then the length assumption the bars were computed with (a second
+    line, so the title stays clear of plotly's toolbar)."""
+    return f"Peak memory per phase, one GPU ({rep.settings.model.name})<br><sup>{rep.lengths_short}</sup>"
+
+
 def phase_stack(rep: MemoryReport) -> go.Figure:
-    """One stacked bar per phase: the terms live at its peak, with the GPU's capacity as a line."""
-    names = list(rep.phases)
-    terms = sorted({t for p in rep.phases.values() for t in p.terms})
-    fig = go.Figure()
-    for term in terms:
-        fig.add_bar(name=term, x=names, y=[rep.phases[n].terms.get(term, 0) / GiB for n in names])
-    fig.add_hline(y=rep.settings.gpu_bytes / GiB, line_dash="dash", annotation_text="GPU capacity")
-    fig.update_layout(
+    """One stacked bar per phase: the terms live at its peak (one colour per term, ``labkit.ui.term_colours``; the
+    largest named on the bar), with the GPU's capacity as a line."""
+    cap = rep.settings.gpu_bytes / GiB
+    return plain_figure(
+        term_bars(phase_columns(rep)),
+        phase_title(rep),
+        "phase",
+        "GiB per GPU",
+        height=460,
         barmode="stack",
-        title=f"Peak memory per phase, one GPU ({rep.settings.model.name})",
-        xaxis_title="phase",
-        yaxis_title="GiB",
-        legend_title="term",
+        margin={"t": 80},
+        legend={"title": {"text": "term"}},
+        **hline_spec(cap, f"GPU capacity {cap:.0f} GiB"),
     )
-    return fig
 
 
 def rank_stack(trace: StepTrace, stages: Sequence[str]) -> go.Figure:
@@ -159,22 +172,24 @@ def trace_for(overrides: Sequence[str], model: str, phase: str, gpu_name: str = 
 
 
 def trace_figure(traced: Mapping[str, Any]) -> go.Figure:
-    """Two stacked bars in GiB: the formula's pass terms at its peak, and the tensors alive at the traced peak
-    (the largest eight by op, dtype and shape; the rest as one block)."""
-    gib = 2**30
-    fig = go.Figure()
-    for name, v in traced["formula"].items():
-        fig.add_bar(name=f"formula: {name}", x=["formula"], y=[v / gib])
+    """Two stacked bars in GiB: the formula's pass terms at its peak (each in its term's colour), and the tensors
+    alive at the traced peak (the largest eight by op, dtype and shape; the rest as one block), in colours no term
+    of the figure has."""
     alive = traced["result"]["alive"]
-    for a in alive[:8]:
-        label = f"{a['op']} {a['dtype'].removeprefix('torch.')} {tuple(a['shape'])}"
-        fig.add_bar(name=f"trace: {label}", x=["trace"], y=[a["bytes"] / gib])
-    rest = traced["result"]["peak_bytes"] - sum(a["bytes"] for a in alive[:8])
-    fig.add_bar(name="trace: every smaller tensor", x=["trace"], y=[rest / gib])
-    fig.update_layout(
-        barmode="stack",
-        title=f"{traced['phase']}: formula vs fake-CUDA trace at its peak ({traced['result']['op']} in "
-        f"{traced['result']['module']}; formula / trace {traced['ratio']:.2f})",
-        yaxis_title="GiB above the weights",
+    trace = {f"{a['op']} {a['dtype'].removeprefix('torch.')} {tuple(a['shape'])}": a["bytes"] for a in alive[:8]}
+    trace["every smaller tensor"] = traced["result"]["peak_bytes"] - sum(a["bytes"] for a in alive[:8])
+    formula = dict(traced["formula"])
+    legend = {**{t: f"formula: {t}" for t in formula}, **{t: f"trace: {t}" for t in trace}}
+    title = (
+        f"{traced['phase']}: formula vs fake-CUDA trace at the peak<br><sup>formula / trace {traced['ratio']:.2f}; "
+        f"traced peak at {traced['result']['op']} in {traced['result']['module']}</sup>"
     )
-    return fig
+    return plain_figure(
+        term_bars({"formula": formula, "trace": trace}, legend=legend),
+        title,
+        "",
+        "GiB above the weights",
+        height=460,
+        barmode="stack",
+        margin={"t": 80},
+    )

@@ -93,3 +93,52 @@ class FigureArea:
 
 def column(widgets: Sequence[W.Widget]) -> W.VBox:
     return W.VBox(list(widgets))
+
+
+def fitting_profiles(width: int, keep: str | None = None) -> list[str]:
+    """The length profiles (data/length_profiles.json) a row of ``width`` tokens can hold: an explicit list only
+    when its longest length fits (verl pads every row to the width, no sample is longer), a drawn or full-width
+    profile always (it is clipped to the width). ``keep``: a profile that stays listed in any case (the one chosen
+    now: it shows why it does not fit instead of vanishing)."""
+    from labkit.config.lengths import profiles
+
+    out = []
+    for name, spec in profiles().items():
+        if spec["kind"] != "explicit" or max(spec["lengths"]) <= width or name == keep:
+            out.append(name)
+    return out
+
+
+def lengths_dropdown(value: str, width: int, description: str = "length profile") -> W.Dropdown:
+    """A length-profile dropdown offering only the profiles that fit rows of ``width`` tokens (and ``value``)."""
+    return W.Dropdown(options=fitting_profiles(width, value), value=value, description=description, style=STYLE)
+
+
+def refit_lengths(dropdown: W.Dropdown, width: int, always: Sequence[str] = ()) -> None:
+    """Offer the profiles that fit ``width`` now (``always`` first, the chosen one kept). ipywidgets selects the
+    first option of a new list and fires the observers twice on the way back: while ``dropdown.refitting`` is True
+    an observer must ignore the event (``refitting``)."""
+    value = dropdown.value
+    options = [*always, *(p for p in fitting_profiles(width, value) if p not in always)]
+    if list(dropdown.options) == options:
+        return
+    dropdown.refitting = True
+    try:
+        dropdown.options = options
+        dropdown.value = value
+    finally:
+        dropdown.refitting = False
+
+
+def refitting(dropdown: W.Dropdown) -> bool:
+    """Whether ``dropdown``'s value events come from ``refit_lengths`` (not from the user)."""
+    return bool(getattr(dropdown, "refitting", False))
+
+
+def row_width(cfg: Any) -> int:
+    """The padded row width of a config, ``rollout.prompt_length + rollout.response_length`` (what a length must fit,
+    the ``width`` of ``labkit.rules.geometry.BatchGeometry``), read without building the geometry (no error for odd sizes)."""
+    g = cfg.get
+    return int(g("actor_rollout_ref.rollout.prompt_length") or 0) + int(
+        g("actor_rollout_ref.rollout.response_length") or 0
+    )

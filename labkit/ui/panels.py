@@ -53,7 +53,7 @@ def plan_panel(
     overrides; every change re-runs ``check`` and ``plan`` and redraws the verdict, the stage table and
     ``figures(trace)``. The lengths (a profile of data/length_profiles.json, seed 0; "full-width": every row at
     prompt + response length) are what a token budget cuts: without them dynamic micro-batches have no count."""
-    from labkit.config.lengths import LengthsError, profile_names
+    from labkit.config.lengths import LengthsError
     from labkit.plan.step import plan
     from labkit.validate.report import check
 
@@ -63,10 +63,12 @@ def plan_panel(
     prof = parts.profile_toggle(profile)
     loops = parts.loop_toggle(loop, profile)
     extra = parts.extra_box()
-    rows = W.Dropdown(options=profile_names(), value=lengths, description="row lengths", style=parts.STYLE)
+    rows = parts.lengths_dropdown(lengths, parts.row_width(base), "row lengths")
     verdict, table, area = W.HTML(), W.HTML(), parts.FigureArea()
 
     def redraw(_: object = None) -> None:
+        if parts.refitting(rows):
+            return
         loops.disabled = prof.value == "legacy"
         overrides = [
             *base_overrides,
@@ -77,6 +79,7 @@ def plan_panel(
         ]
         try:
             cfg = load_config(overrides=overrides, profile=prof.value)
+            parts.refit_lengths(rows, parts.row_width(cfg))  # the profiles these rows can hold
             report = check(cfg)
             trace = plan(cfg, rows.value)
         except (ConfigError, LengthsError) as exc:  # PlanTooLarge included: the card says why, with the arithmetic
@@ -84,7 +87,7 @@ def plan_panel(
             area.clear()
             return
         verdict.value = verdict_html(report)
-        table.value = stage_table_html(trace)
+        table.value = stage_table_html(trace, report)
         if not report.ok:
             area.clear()  # the card above replaces the figures: no figure of an earlier setting stays
         elif figures is not None:

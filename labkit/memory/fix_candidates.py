@@ -1,0 +1,160 @@
+"""The verl knobs "why did it OOM?" tries for a phase that does not fit: one ``Candidate`` per knob, its values most
+generous first, and what it costs. ``labkit.memory.verdict.fixes_for`` re-evaluates each value with the same memory
+model and keeps the first that fits.
+
+Each family of knobs is one function ``(cfg, settings, phase) -> list[Candidate]`` in ``CANDIDATES``; another
+engine's fixes (Megatron's parallel sizes, its offload flags) are one more function appended there. A value is a
+change of config keys (dotted, ``None`` deletes the key) or of ``MemorySettings`` fields (a knob the settings read
+from the config, named by ``Candidate.knob``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
+from labkit.config.verl_config import VerlConfig
+from labkit.memory.settings import MemorySettings
+from labkit.memory.step_memory import PASS_KEYS, config_shape
+
+
+class Candidate(NamedTuple):
+    """One knob: ``tries`` (changes, most generous first) and ``cost`` (what the user pays for it)."""
+
+    knob: str
+    tries: list[dict[str, Any]]
+    cost: str
+
+
+CandidateSource = Callable[[VerlConfig, MemorySettings, str], list[Candidate]]
+
+
+def micro_rows(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Fewer rows per static micro-batch (the pass's ``*_micro_batch_size_per_gpu``), halving down to 1."""
+    if phase not in PASS_KEYS:
+        return []
+    rows_key, dyn_key, _, _ = PASS_KEYS[phase]
+    if cfg.get(dyn_key):
+        return []
+    m = config_shape(cfg, phase)[0].rows  # the per-GPU rows, also when a deprecated global size set them
+    deprecated = rows_key.removesuffix("_per_gpu")  # verl refuses both set: drop the global size
+    drop = {deprecated: None} if deprecated in cfg.values and cfg.get(deprecated) is not None else {}
+    tries = [{rows_key: r, **drop} for r in (m // 2**k for k in range(1, 12)) if r >= 1]
+    update = phase.startswith("update")
+    what = "same gradient (more accumulation)" if update else "log-probs unchanged up to bf16 kernel drift"
+    return [Candidate(rows_key, tries, f"more micro-batches, more time; {what}")]
+
+
+def token_budget(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Token-budget micro-batches (turned on where they are off), budgets from 2^20 down to the longest sequence."""
+    if phase not in PASS_KEYS:
+        return []
+    _, dyn_key, budget_key, _ = PASS_KEYS[phase]
+    longest = s.max_model_len
+    budgets = [b for b in (2**k for k in range(20, 9, -1)) if b >= longest]
+    # the engine's old log-prob follows actor.use_dynamic_bsz (0.9.1 asserts the two flags agree)
+    engine_old = cfg.profile == "engine" and phase == "old_log_prob"
+    flags = {dyn_key: True, **({f"{ACTOR}.use_dynamic_bsz": True} if engine_old else {})}
+    on = all(cfg.get(k) for k in flags)
+    knob = budget_key if on else f"{dyn_key}=true + {budget_key}"
+    cost = (
+        f"token-balanced micro-batches; the budget must be ≥ the longest sequence ({longest:,}); legacy scales the "
+        "loss per micro-batch" + ("; the engine's update turns dynamic too" if engine_old and not on else "")
+    )
+    return [Candidate(knob, [{**flags, budget_key: b} for b in budgets], cost)]
+
+
+def ulysses(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Twice the Ulysses SP size, where the GPUs and the attention heads divide by it."""
+    if phase not in PASS_KEYS:
+        return []
+    sp_key = PASS_KEYS[phase][3]
+    sp = cfg.get(sp_key)
+    if s.world_size % (2 * sp) or s.model.num_attention_heads % (2 * sp):
+        return []
+    cost = (
+        "Ulysses all-to-alls per layer; halves DP; a dynamic budget is multiplied by SP, so it only helps with a "
+        "static micro-batch or a smaller budget"
+    )
+    return [Candidate(sp_key, [{sp_key: 2 * sp}], cost)]
+
+
+def log_prob_head(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """The head of a log-prob pass: fused kernels, the compiled entropy, the chunked entropy."""
+    out = []
+    if phase in ("old_log_prob", "ref_log_prob", "update_actor") and not s.fused_kernels:
+        cost = (
+            "log-probs from hidden states 512 tokens at a time, no full logits; a different kernel (verl's "
+            "FusedLinearForPPO), the same math up to bf16 rounding"
+        )
+        out.append(Candidate(f"{MODEL}.use_fused_kernels", [{"fused_kernels": True}], cost))
+    if (phase == "old_log_prob" or (phase == "update_actor" and s.update_entropy)) and not s.entropy_compiled:
+        cost = "torch.compile's first-step compile time; the same entropy up to fusion rounding"
+        out.append(Candidate(f"{ACTOR}.use_torch_compile", [{"entropy_compiled": True}], cost))
+    if phase == "old_log_prob" and not s.entropy_chunking:
+        cost = "a little time (2,048 rows at a time); same entropy"
+        out.append(Candidate(f"{ACTOR}.entropy_from_logits_with_chunking", [{"entropy_chunking": True}], cost))
+    return out
+
+
+def checkpointing(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Gradient checkpointing for an update."""
+    if not phase.startswith("update") or s.gradient_checkpointing:
+        return []
+    cost = "one more forward per micro-batch (~+33% update compute); same gradient"
+    return [Candidate(f"{MODEL}.enable_gradient_checkpointing", [{"gradient_checkpointing": True}], cost)]
+
+
+def offload(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """FSDP's parameter and optimizer offload (actor, reference)."""
+    out = []
+    if not s.param_offload:
+        out.append(
+            Candidate(
+                f"{ACTOR}.fsdp_config.param_offload",
+                [{"param_offload": True}],
+                "params cross PCIe twice a step; same math",
+            )
+        )
+    if not s.optimizer_offload:
+        cost = "Adam states cross PCIe once a step; same math"
+        out.append(Candidate(f"{ACTOR}.fsdp_config.optimizer_offload", [{"optimizer_offload": True}], cost))
+    if s.need_ref and not s.ref_param_offload:
+        cost = "ref params cross PCIe; same math"
+        out.append(Candidate(f"{REF}.fsdp_config.param_offload", [{"ref_param_offload": True}], cost))
+    return out
+
+
+def rollout_pool(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """The rollout engine: sleep between steps, a smaller KV pool, fewer sequences in flight."""
+    out = []
+    if not s.free_cache_engine:
+        cost = "the engine sleeps and wakes each step (seconds); same math"
+        out.append(Candidate(f"{ROLLOUT}.free_cache_engine", [{"free_cache_engine": True}], cost))
+    u = s.gpu_memory_utilization
+    tries = [{"gpu_memory_utilization": round(u - 0.05 * k, 2)} for k in range(1, 20) if u - 0.05 * k > 0.04]
+    cost = "a smaller KV pool: fewer sequences in flight, slower generation (preemption); same math"
+    out.append(Candidate(f"{ROLLOUT}.gpu_memory_utilization", tries, cost))
+    seqs = [{"max_num_seqs": s.max_num_seqs // 2**k} for k in range(1, 8) if s.max_num_seqs // 2**k >= 1]
+    out.append(
+        Candidate(f"{ROLLOUT}.max_num_seqs", seqs, "fewer rollout sequences in flight: lower generation throughput")
+    )
+    return out
+
+
+CANDIDATES: list[CandidateSource] = [
+    micro_rows,
+    token_budget,
+    ulysses,
+    log_prob_head,
+    checkpointing,
+    offload,
+    rollout_pool,
+]
+"""Every family of knobs, in the order their fixes are listed before sorting (append one to add a family)."""
+
+
+def candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Every knob worth trying for one phase that does not fit."""
+    return [c for source in CANDIDATES for c in source(cfg, s, phase)]
