@@ -98,9 +98,13 @@ def _folder(path: str) -> Path | None:
     """A local folder with a config.json: as given (relative to the working directory), else relative to this
     repository (labkit's default config trains ``data/tiny-qwen2``)."""
     for base in (Path.cwd(), DATA.parent):
-        p = (base / Path(path).expanduser()) if not Path(path).expanduser().is_absolute() else Path(path).expanduser()
-        if (p / "config.json").is_file():
-            return p
+        try:
+            p = Path(path).expanduser()
+            p = p if p.is_absolute() else base / p
+            if (p / "config.json").is_file():
+                return p
+        except (OSError, RuntimeError, ValueError):  # a name no file system holds (too long, NUL, no home): no folder
+            return None
     return None
 
 
