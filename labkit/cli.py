@@ -241,8 +241,13 @@ def _table(title: str | None, columns: Sequence[tuple[str, str]], show_header: b
 def stage_table(tr: StepTrace) -> Table:
     """One row per stage: global count, per-rank rows, micro-batches per rank, tokens per rank, the rule."""
     t = _table(tables.stage_title(tr), tables.STAGE_COLUMNS)
-    for row in tables.stage_rows(tr):
+    rows = tables.stage_rows(tr)
+    stop = next((i for i, r in enumerate(rows) if r.stops), len(rows) - 1)
+    for row in rows[: stop + 1]:  # nothing after the stage where verl stops is planned
         t.add_row(*(escape(str(v)) for v in row.cells), style="red" if row.stops else None)
+    if stop < len(rows) - 1:
+        after = ", ".join(r.cells[1] for r in rows[stop + 1 :])
+        t.add_row("", "not run", "", "", "", "", escape(f"{after} (verl stops at {rows[stop].cells[1]})"), style="dim")
     return t
 
 

@@ -198,7 +198,8 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             else f"verl still rejects the config ({rep.verl_error})"
         )
         lines.append(
-            f"  {mark} [{f['phase']}] {f['set']}: {_gib(f['new_peak_bytes'])} ({state}); {verl}; cost: {f['cost']}"
+            f"  {mark} [{f['phase']}] {f['set']}{_was(f)}: {_gib(f['new_peak_bytes'])} ({state}); {verl}; "
+            f"cost: {f['cost']}"
         )
     if not any(f["step_fits"] for f in rep.fixes):
         lines.append(
@@ -206,6 +207,11 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             "larger GPU or a smaller model"
         )
     return "\n".join(lines)
+
+
+def _was(fix: dict[str, Any]) -> str:
+    """`` (now X)``: what the fix changes from, when the search recorded it."""
+    return f" (now {fix['from']})" if fix.get("from") else ""
 
 
 def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -> int:

@@ -143,6 +143,68 @@ def rollout_pool(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candida
     return out
 
 
+MEG = f"{ACTOR}.megatron"
+TRAINED = ("old_log_prob", "ref_log_prob", "update_actor", "values", "update_critic")
+
+
+def megatron_sizes(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Megatron's parallel sizes: twice the PP (fewer layers and states per stage), virtual stages, twice the CP
+    (each GPU holds half of every sequence), twice the TP (every weight and activation split further), each where
+    the GPUs, layers and heads divide; megatron-core's and verl's own checks judge the result."""
+    if phase not in TRAINED:
+        return []
+    m, w = s.model, s.world_size
+    tp, pp, cp = (cfg.get(f"{MEG}.{k}_parallel_size") for k in ("tensor_model", "pipeline_model", "context"))
+    vpp = cfg.get(f"{MEG}.virtual_pipeline_model_parallel_size")
+    out = []
+    if w % (tp * 2 * pp * cp) == 0 and m.num_hidden_layers % (2 * pp) == 0:
+        cost = "a deeper pipeline: more bubble ((PP−1)/(Mμ+PP−1)), more point-to-point sends; halves DP"
+        out.append(
+            Candidate(f"{MEG}.pipeline_model_parallel_size", [{f"{MEG}.pipeline_model_parallel_size": 2 * pp}], cost)
+        )
+    if pp > 1 and not vpp and m.num_hidden_layers % (pp * 2) == 0:
+        cost = "interleaved 1F1B: a smaller bubble, more sends; the micro-batch count must divide by PP"
+        out.append(
+            Candidate(
+                f"{MEG}.virtual_pipeline_model_parallel_size",
+                [{f"{MEG}.virtual_pipeline_model_parallel_size": 2}],
+                cost,
+            )
+        )
+    if w % (tp * pp * cp * 2) == 0:
+        cost = "context parallel: K/V exchanged around the CP ring in every attention layer; halves DP"
+        out.append(Candidate(f"{MEG}.context_parallel_size", [{f"{MEG}.context_parallel_size": 2 * cp}], cost))
+    if w % (tp * 2 * pp * cp) == 0 and m.num_attention_heads % (2 * tp) == 0 and m.num_key_value_heads % (2 * tp) == 0:
+        cost = "tensor parallel: two more collectives per layer over a larger group; halves DP"
+        out.append(
+            Candidate(f"{MEG}.tensor_model_parallel_size", [{f"{MEG}.tensor_model_parallel_size": 2 * tp}], cost)
+        )
+    return out
+
+
+def megatron_recompute_and_offload(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
+    """Full recompute of every layer (the update), and Megatron's parameter and optimizer offload."""
+    out = []
+    tc = f"{MEG}.override_transformer_config"
+    if phase.startswith("update") and cfg.get(f"{tc}.recompute_granularity") != "full":
+        tries = [
+            {
+                f"{tc}.recompute_granularity": "full",
+                f"{tc}.recompute_method": "uniform",
+                f"{tc}.recompute_num_layers": 1,
+            }
+        ]
+        out.append(
+            Candidate(f"{tc}.recompute_granularity", tries, "one more forward per layer in backward; same gradient")
+        )
+    if not cfg.get(f"{MEG}.param_offload"):
+        out.append(Candidate(f"{MEG}.param_offload", [{f"{MEG}.param_offload": True}], "params cross PCIe; same math"))
+    if not cfg.get(f"{MEG}.optimizer_offload"):
+        cost = "fp32 main params and Adam cross PCIe once a step; same math"
+        out.append(Candidate(f"{MEG}.optimizer_offload", [{f"{MEG}.optimizer_offload": True}], cost))
+    return out
+
+
 CANDIDATES: list[CandidateSource] = [
     micro_rows,
     token_budget,
@@ -154,7 +216,18 @@ CANDIDATES: list[CandidateSource] = [
 ]
 """Every family of knobs, in the order their fixes are listed before sorting (append one to add a family)."""
 
+MEGATRON_CANDIDATES: list[CandidateSource] = [
+    micro_rows,
+    token_budget,
+    megatron_sizes,
+    megatron_recompute_and_offload,
+    rollout_pool,
+]
+"""Under Megatron: the shared batch knobs, its own sizes, recompute and offload (FSDP's Ulysses, checkpointing,
+offload and head knobs are not read by the Megatron engine)."""
+
 
 def candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
-    """Every knob worth trying for one phase that does not fit."""
-    return [c for source in CANDIDATES for c in source(cfg, s, phase)]
+    """Every knob worth trying for one phase that does not fit (the training engine's own)."""
+    megatron = cfg.get(f"{ACTOR}.strategy") == "megatron"
+    return [c for source in (MEGATRON_CANDIDATES if megatron else CANDIDATES) for c in source(cfg, s, phase)]
