@@ -396,9 +396,10 @@ def _print_docs(con: Console, code: Any) -> None:
 
 def cmd_check(ns: argparse.Namespace) -> int:
     cfg = _ns_config(ns)
+    from labkit.memory.model_source import check_shape
     from labkit.validate.report import check
 
-    report = check(cfg, global_step=ns.step, **_shape_kwargs(cfg))
+    report = check(cfg, global_step=ns.step, **check_shape(cfg))
     con = _console(soft_wrap=True)
     if cfg.hydra_stops:  # verl's config loader refuses before any of verl's checks: the verdict, then the rest
         con.print(
@@ -410,26 +411,6 @@ def cmd_check(ns: argparse.Namespace) -> int:
         code = _check_body(con, cfg, ns, report)
         return max(code, 1)
     return _check_body(con, cfg, ns, report)
-
-
-def _shape_kwargs(cfg: Any) -> dict[str, int]:
-    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary),
-    when ``model.path`` names a model labkit knows; {} otherwise (those checks are skipped)."""
-    from labkit.memory.model_source import PATH_KEY, model_for
-
-    if not cfg.is_set(PATH_KEY):
-        return {}
-    try:
-        m = model_for(cfg)
-    except ConfigError:
-        return {}
-    return {
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_key_value_heads,
-        "num_layers": m.num_hidden_layers,
-        "num_experts": m.moe.num_experts if m.is_moe else 0,
-        "vocab_size": m.vocab_size,
-    }
 
 
 def _check_body(con: Console, cfg: Any, ns: argparse.Namespace, report: Any) -> int:

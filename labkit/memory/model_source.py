@@ -156,3 +156,23 @@ def stand_in_note(cfg: Any, explicit: str | None) -> str | None:
         return None
     what = f"{named.name} ({_billions(named)})" if named is not None else f"{path!r}, a model labkit does not know"
     return f"note: pricing {chosen.name} ({_billions(chosen)}) while {PATH_KEY} names {what}"
+
+
+def check_shape(cfg: Any) -> dict[str, int]:
+    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary;
+    the keyword arguments of ``labkit.validate.report.check``) when ``model.path`` names a model labkit knows; {}
+    otherwise: those checks are then skipped, never run against a model the user does not train."""
+    if not cfg.is_set(PATH_KEY):
+        return {}
+    try:
+        m = model_for(cfg)
+    except ConfigError:
+        return {}
+    return {
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_key_value_heads,
+        "num_layers": m.num_hidden_layers,
+        "num_experts": m.moe.num_experts if m.is_moe else 0,
+        "vocab_size": m.vocab_size,
+    }
+

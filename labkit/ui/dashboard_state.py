@@ -21,7 +21,7 @@ from labkit.config.lengths import LengthsError
 from labkit.config.text_input import ConfigText, load_pasted_config
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.choice import settings_for
-from labkit.memory.model_source import model_for
+from labkit.memory.model_source import check_shape, model_for
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.plan.hang_risk import ZERO_SIZE, HangRisk, config_risks, stage_budgets, trace_risks
 from labkit.plan.step import PlanTooLarge, plan
@@ -188,9 +188,12 @@ def _memory(st: State, cfg: VerlConfig) -> None:
         st.memory_error = str(exc)
         return
     lengths = st.lengths if st.lengths is not None and st.trace is not None else None
-    st.memory = _timed(
-        st, "memory", lambda: memory_report(cfg, s, lengths, st.inputs.seed, st.trace, st.inputs.lengths)
-    )
+    try:
+        st.memory = _timed(
+            st, "memory", lambda: memory_report(cfg, s, lengths, st.inputs.seed, st.trace, st.inputs.lengths)
+        )
+    except ConfigError as exc:  # a shape the Megatron memory model does not price: said where the chart goes
+        st.memory_error = str(exc)
 
 
 def _overrides(inputs: Inputs) -> list[str]:
@@ -216,7 +219,7 @@ def quick(inputs: Inputs) -> State:
             st, "parse", lambda: load_pasted_config(inputs.text, inputs.profile, _overrides(inputs))
         )
         cfg = st.cfg
-        st.report = _timed(st, "check", lambda: check(cfg))
+        st.report = _timed(st, "check", lambda: check(cfg, **check_shape(cfg)))
         first = st.report.first_error
         if first is not None and first.code in ZERO_SIZE:  # normalised to 0: early verl's split(0) hang
             st.risks = _timed(st, "hang_risk", lambda: config_risks(cfg, None))
