@@ -15,7 +15,7 @@ import pytest
 from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
 from labkit.memory.phases import PassShape, forward_pass, update_pass
-from labkit.memory.trace_compare import trace_spec, transient_terms
+from labkit.memory.trace_compare import TRACE_LAYERS, trace_spec, traced_settings, transient_terms
 from labkit.model.trace_runner import run_traces
 
 # (model, tokens, pass, settings changes): tied (0.5B, Qwen3-0.6B) and untied (7B, Llama-3.1-8B) embeddings, GQA
@@ -65,14 +65,33 @@ GRID = [
     ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, **LEGACY, "update_entropy": True}),
     ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, **LEGACY, "update_entropy": True, "logprob_kernel": "torch"}),
     ("Qwen2.5-0.5B", 4096, "update_actor", {**PADDED, "update_entropy": True, "entropy_checkpointing": True}),
+    # the eager entropy at 14 bytes a logit (logsumexp's own temporary beside the fp32 softmax and copy): rows x width
+    ("Qwen2.5-14B", (12, 24576), "old_log_prob", EAGER),
+    ("Qwen3-8B", (4, 65536), "old_log_prob", EAGER),
+    # Qwen3's q/k norms saved in fp32 and bf16 (no checkpointing: every layer's saved tensors)
+    ("Qwen3-8B", 8192, "update_actor", {"gradient_checkpointing": False}),
+    # MoE (transformers' Qwen3MoeForCausalLM / Qwen2MoeForCausalLM, grouped_mm experts), traced with TRACE_LAYERS
+    # decoder layers and priced for as many: the routed copies saved per layer, the MoE layer's forward under the
+    # fused head, the fused head's LM-head gradient beside its accumulator, a shared expert (Qwen1.5-MoE)
+    ("Qwen3-30B-A3B", 8192, "update_actor", {"gradient_checkpointing": False}),
+    ("Qwen3-30B-A3B", 16384, "old_log_prob", {"fused_kernels": True}),
+    ("Qwen3-30B-A3B", 8192, "update_actor", {"fused_kernels": True}),
+    ("Qwen3-30B-A3B", 16384, "update_actor", {}),
+    ("Qwen1.5-MoE-A2.7B", 8192, "update_actor", {"gradient_checkpointing": False}),
+    ("Qwen1.5-MoE-A2.7B", 16384, "old_log_prob", {"fused_kernels": True}),
 ]
 
 
+def _rows_tokens(case):
+    size = GRID[case][1]
+    return size if isinstance(size, tuple) else (2, size)
+
+
 def _case(case):
-    model, tokens, name, changes = GRID[case]
+    model, _, name, changes = GRID[case]
     s = replace(settings_for(load_config(None, []), model), **changes)
     fn = update_pass if name.startswith("update") else forward_pass
-    phase = fn(s, name, PassShape(2, tokens))
+    phase = fn(traced_settings(s), name, PassShape(*_rows_tokens(case)))  # a MoE priced as traced: 4 layers
     return s, name, phase
 
 
@@ -85,7 +104,8 @@ def traced():
 def test_formula_within_10_percent_of_the_trace(traced, case):
     s, name, phase = _case(case)
     spec = trace_spec(s, name, phase)
-    assert sum(spec["seq_lengths"]) == GRID[case][1] * s.actor_sp and len(spec["seq_lengths"]) == 2
+    rows, tokens = _rows_tokens(case)
+    assert sum(spec["seq_lengths"]) == tokens * s.actor_sp and len(spec["seq_lengths"]) == rows
     assert spec["padded"] == ("" if s.remove_padding else s.profile)
     formula = sum(transient_terms(phase).values())
     trace = traced[case]["peak_bytes"]
@@ -98,6 +118,48 @@ def test_formula_within_10_percent_of_the_trace(traced, case):
         traced[case]["module"],
     )
     assert 0.9 <= formula / trace <= 1.1, detail
+
+
+def test_the_eager_entropy_peaks_inside_logsumexp_with_its_temporary(traced):
+    """Under bf16 autocast, logsumexp reads an fp32 copy of the logits and ATen's composite allocates
+    ``(x - max).exp_()`` of that size while the fp32 softmax is alive: 2 + 4 + 4 + 4 bytes a logit, which the
+    formula prices (``entropy`` + ``logsumexp_temp``) and a fake tensor alone would not show."""
+    for case, (model, _, name, changes) in enumerate(GRID):
+        if name != "old_log_prob" or changes != EAGER:
+            continue
+        _, tokens = _rows_tokens(case)
+        vocab = settings_for(load_config(None, []), model).model.vocab_size
+        result = traced[case]
+        assert result["op"] == "logsumexp", (GRID[case], result["op"])
+        big = sorted((a["op"], a["dtype"]) for a in result["alive"] if a["bytes"] >= tokens * vocab * 2)
+        assert big == [
+            ("_softmax", "torch.float32"),
+            ("_to_copy", "torch.float32"),
+            ("logsumexp ((x - max).exp_())", "torch.float32"),
+            ("mm", "torch.bfloat16"),
+        ], GRID[case]
+        phase = _case(case)[2]
+        assert phase.peak_instant == "entropy" and phase.terms["logsumexp_temp"] == 4 * tokens * vocab
+        assert abs(result["peak_bytes"] / (tokens * vocab) - 14) < 0.1
+
+
+def test_a_moe_is_traced_with_a_few_layers_and_states_its_active_parameters(traced):
+    """A MoE trace builds TRACE_LAYERS decoder layers of the real shape (the experts' routed copies alive at its
+    peak); the phase says how many parameters it holds and how many a token runs through."""
+    for case, (_, _, name, changes) in enumerate(GRID):
+        s, _, phase = _case(case)
+        spec = trace_spec(s, name, phase)
+        assert spec["layers"] == (TRACE_LAYERS if s.model.is_moe else 0)
+        if not s.model.is_moe:
+            continue
+        full = (update_pass if name.startswith("update") else forward_pass)(s, name, PassShape(*_rows_tokens(case)))
+        assert full.info["total_params"] == s.model.param_count() > full.info["active_params"] > 0
+        assert full.info["active_params"] == s.model.active_param_count()
+        k = s.model.moe.num_experts_per_tok
+        if changes == {"fused_kernels": True} and name == "old_log_prob":  # the peak among the routed copies
+            _, tokens = _rows_tokens(case)
+            routed = [a for a in traced[case]["alive"] if a["shape"] == [k * tokens, s.model.hidden_size]]
+            assert traced[case]["module"] == "decoder" and len(routed) == 4, traced[case]["alive"][:6]
 
 
 def test_op_granularity_on_fake_cuda_is_fake_cpus():

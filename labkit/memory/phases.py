@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.memory import terms as t
+from labkit.memory.kv_cache import kv_layout
 from labkit.memory.logprob import logprob_peak_bytes
+from labkit.memory.phase_info import model_info, vision_info
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import ModelShape
+from labkit.memory.vision import vision_forward_bytes, vision_patches, vision_saved_bytes
 
 FUSED_CHUNK = 512  # verl FusedLinearForPPO: tokens per chunk of the fused log-prob kernel
 
@@ -54,7 +57,7 @@ class Phase:
 def _residents(s: MemorySettings, phase: str) -> dict[str, int]:
     """Model states on the GPU during ``phase``: each model's own phase loads it, offload frees it elsewhere."""
     m, f = s.model, s.fsdp_world
-    p = m.param_count()
+    p = t.param_count(m)
     pc = p - m.lm_head_param_count() + m.hidden_size  # critic: value head H×1 instead of the LM head
     actor_phase = phase in ("old_log_prob", "update_actor")
     on_gpu = not s.offload_policy
@@ -79,18 +82,27 @@ def generate(s: MemorySettings) -> Phase:
     """The rollout: residents plus the engine's share u·C = weights + profiling activations + the KV pool."""
     m, b, tp = s.model, s.rollout_bytes, s.rollout_tp
     share = int(s.gpu_memory_utilization * s.gpu_bytes)
-    weights = b * m.param_count() // tp
+    weights = b * t.param_count(m) // tp
     acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
     kv = share - weights - acts
-    per_token = t.kv_bytes_per_token(m, b, tp)
-    fit = max(kv, 0) // (per_token * s.max_model_len)
+    layout = kv_layout(m, b, tp)
+    per_token = layout.per_token + layout.window_per_token
+    per_sequence = layout.sequence_bytes(s.max_model_len)
+    fit = max(kv, 0) // per_sequence
     info = {
         "engine_share_bytes": share,
         "kv_bytes_per_token": per_token,
+        "kv_bytes_per_sequence": per_sequence,
+        "kv_layers": layout.kinds,
         "sequences_that_fit": fit,
         "sequences_in_flight": min(fit, s.max_num_seqs),
         "engine_error": None,
+        **model_info(m),
     }
+    if layout.window:
+        info["sliding_window"] = layout.window
+    if layout.state:
+        info["linear_state_bytes_per_sequence"] = layout.state
     if kv <= 0:
         info["engine_error"] = (
             f"no memory for the KV cache: u·C = {share / 2**30:.1f} GiB does not cover the engine's weights and "
@@ -98,8 +110,8 @@ def generate(s: MemorySettings) -> Phase:
         )
     elif fit < 1:
         info["engine_error"] = (
-            f"the KV pool ({kv / 2**30:.2f} GiB) holds {kv // per_token:,} tokens, fewer than max_model_len "
-            f"{s.max_model_len:,}; raise gpu_memory_utilization or rollout TP"
+            f"the KV pool ({kv / 2**30:.2f} GiB) holds {kv // max(per_token, 1):,} tokens, fewer than one "
+            f"sequence of max_model_len {s.max_model_len:,} needs; raise gpu_memory_utilization or rollout TP"
         )
     engine = {"rollout_weights": weights, "rollout_activations": acts, "kv_cache": max(kv, 0)}
     return Phase("generate", {"engine": {**_residents(s, "generate"), **engine}}, info)
@@ -164,8 +176,19 @@ def _entropy(s: MemorySettings, tokens: int) -> int:
         return 16 * tokens
     if mode == "chunked":  # fp32 copy, softmax and p·z of one chunk
         return min(tokens, s.entropy_chunk_size) * v * (_fp32_copy(s) + 8)
-    # eager (and checkpointed's forward): the softmax and p·z, fp32 under autocast
+    # eager (and checkpointed's forward): the softmax and p·z (or logsumexp's fp32 input), fp32 under autocast
     return 2 * tokens * v * (4 if s.autocast else s.compute_bytes)
+
+
+def _logsumexp_temp(s: MemorySettings, tokens: int) -> dict[str, int]:
+    """The eager entropy's third fp32 T×V tensor under autocast: at ``logsumexp`` the softmax and the fp32 copy of
+    the logits autocast made for it are alive while ATen's composite (``ReduceOps.cpp: logsumexp_out_impl``)
+    allocates ``(x - max).exp_()``, a temporary of the input's size (traced: 2 + 4 + 4 + 4 bytes a logit). Without
+    autocast there is no copy, and the temporary takes only the product's place. The chunked form's fp32 chunk is
+    its own copy (already in ``entropy``)."""
+    if s.entropy_mode not in ("eager", "checkpointed") or not s.autocast or s.compute_bytes >= 4:
+        return {}
+    return {"logsumexp_temp": 4 * tokens * s.model.vocab_size}
 
 
 def _entropy_backward(s: MemorySettings, shape: PassShape) -> dict[str, int]:
@@ -207,7 +230,7 @@ def _gathered(s: MemorySettings) -> int:
 
 def _layer_grads(s: MemorySettings) -> int:
     """One layer's unsharded gradient before FSDP reduce-scatters it (a plain module writes .grad directly)."""
-    return s.compute_bytes * s.model.layer_param_count() if s.fsdp else 0
+    return s.compute_bytes * t.layer_param_count(s.model) if s.fsdp else 0
 
 
 def _mask(s: MemorySettings, tokens: int) -> dict[str, int]:
@@ -225,11 +248,17 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b)},
         "log_prob": {**base, "activations": hidden, **_head(s, shape, vocab)},
     }
+    patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)
+    if patches:  # the tower runs first; its image embeddings then wait in the decoder's input
+        instants["vision_forward"] = {**base, "vision_activations": vision_forward_bytes(m, patches, b)}
     if name == "old_log_prob":
         logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
-        entropy = _entropy(s, head_tokens(s, shape, vocab))
-        instants["entropy"] = {**base, "activations": hidden, **logits, "entropy": entropy}
-    return Phase(name, instants, _info(shape))
+        rows = head_tokens(s, shape, vocab)
+        entropy = {"entropy": _entropy(s, rows), **_logsumexp_temp(s, rows)}
+        instants["entropy"] = {**base, "activations": hidden, **logits, **entropy}
+    return Phase(
+        name, instants, {**_info(shape), **model_info(m), **vision_info(s.model, shape.rows, s.image_tokens_per_sample)}
+    )
 
 
 def _info(shape: PassShape) -> dict[str, object]:
@@ -249,6 +278,8 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         recompute = t.saved_layer_bytes(m, tok, b)
     else:
         saved, recompute = m.num_hidden_layers * t.saved_layer_bytes(m, tok, b), 0
+    patches = 0 if critic else vision_patches(m, shape.rows, s.image_tokens_per_sample)
+    vision = {"vision_activations": vision_saved_bytes(m, patches, b, ckpt)} if patches else {}
     # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
     masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
     vocab = 1 if critic else m.vocab_size
@@ -256,7 +287,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     entropy = s.update_entropy and not critic
     fwd = {**base, "activations": saved, **head}
     if entropy:
-        fwd["entropy"] = _entropy(s, rows)
+        fwd.update({"entropy": _entropy(s, rows), **_logsumexp_temp(s, rows)})
     if s.logprob_kernel == "torch" and vocab > 1 and not s.fused_kernels:  # each row's fp32 log-softmax, saved
         fwd["log_softmax_rows"] = 4 * rows * vocab
     # the head's backward: the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's
@@ -273,6 +304,12 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
             "hidden_grad": tok * m.hidden_size * b,
             **lm_head,
         }
+        # the chunk's LM-head gradient product beside the dvocab_weights accumulator, the chunk's tensors it reads
+        weight_grad = {
+            **back,
+            "fused_chunk": min(tok, FUSED_CHUNK) * m.vocab_size * (2 * b + _fp32_copy(s) + 8),
+            "lm_head_grad": 2 * m.vocab_size * m.hidden_size * b,
+        }
     elif s.logprob_kernel == "full_log_softmax":
         back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
     else:  # the cross-entropy's gradient is written into the logits (flash_attn) or stacked from the rows (torch)
@@ -282,18 +319,29 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         if entropy and not s.fused_kernels
         else {}
     )
+    if s.fused_kernels and vocab > 1:
+        extra["backward_head_weight"] = {**base, "activations": saved, **weight_grad}
     instants = {
         "forward_head": fwd,
         "backward_head": {**base, "activations": saved, **back},  # back may widen the activations
         **extra,
         "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
     }
-    p = m.param_count() if not critic else m.param_count() - m.lm_head_param_count() + m.hidden_size
+    p = t.param_count(m) if not critic else t.param_count(m) - m.lm_head_param_count() + m.hidden_size
     step = {k: v for k, v in base.items() if k != "gathered_params"}
     if not s.offload_policy or critic:
         step["adam_temporaries"] = 4 * p // s.fsdp_world
+    for key in instants:  # the tower's saved tensors wait through the decoder's forward and backward
+        instants[key].update(vision)
+    if patches:  # the tower's own backward, last: one block recomputed with checkpointing
+        top = vision_forward_bytes(m, patches, b) if ckpt else 0
+        instants["vision_backward"] = {**base, "vision_activations": vision["vision_activations"] + top}
     instants["optimizer_step"] = step
-    return Phase(name, instants, {**_info(shape), "checkpointing": ckpt})
+    traced = t.largest_param_grad(m, b) if s.fsdp else 0
+    info = {**_info(shape), "checkpointing": ckpt, "traced_layer_grad": traced, **model_info(m)}
+    return Phase(
+        name, instants, {**info, **(vision_info(s.model, shape.rows, s.image_tokens_per_sample) if not critic else {})}
+    )
 
 
 def hf_generate(m: ModelShape, rows: int, prompt_length: int, new_tokens: int, b: int) -> Phase:

@@ -109,8 +109,13 @@ class MemorySettings:
     """A critic exists (GAE): critic params, values and update_critic."""
     entropy_compiled: bool = True
     """actor.use_torch_compile (verl's default true): the entropy runs as ``torch.compile(entropy_from_logits)``,
-    costed as eager (an upper bound: inductor's fusion cannot be traced); false: eager under bf16 autocast, whose
-    softmax and product are fp32 (8 bytes a logit, traced by ``labkit.model.memory_trace``)."""
+    costed as inductor's ideal fusion (a lower bound: real inductor cannot be traced); false: eager under bf16
+    autocast: at ``logsumexp`` the fp32 softmax, the fp32 copy of the logits and logsumexp's own ``(x - max)``
+    temporary (12 bytes a logit beyond the logits, traced by ``labkit.model.memory_trace``)."""
+    image_tokens_per_sample: int = 256
+    """VL models only, an assumption (sequence lengths cannot say it): image tokens in each sample's prompt (a
+    448×448 image in Qwen2.5-VL: (448/14)² patches merged 2×2 = 256). The vision tower sees
+    ``spatial_merge_size²`` patches per image token (``labkit.memory.vision``); the phases state the figure."""
     cuda_context_bytes: int = 0
     """What the CUDA context and module images take of C (``labkit.memory.headroom``; 0: not counted)."""
     cublas_workspace_bytes: int = 0

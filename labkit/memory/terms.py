@@ -8,6 +8,7 @@ b = compute-dtype bytes, C = GPU capacity, u = gpu_memory_utilization, tp = roll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from labkit.memory.shapes import ModelShape
 
@@ -44,7 +45,9 @@ TERMS: dict[str, Term] = {
     "kv_cache": Term(
         "u·C − rollout_weights − rollout_activations",
         (f"{RO}.gpu_memory_utilization",),
-        "the KV pool; 2·L·⌈kv/tp⌉·b per token, max_model_len tokens per sequence",
+        "the KV pool; per token and layer 2·⌈kv/tp⌉·head_dim·b (full attention; sliding layers for at most the "
+        "window), (kv_lora_rank + qk_rope_head_dim)·b (MLA); linear-attention layers a fixed state per sequence "
+        "(labkit.memory.kv_cache); max_model_len tokens per sequence",
     ),
     "gathered_params": Term(
         "b·(V·H·(2 − tied) + H + n·P_layer), n = 2 on a GPU, 1 on a CPU",
@@ -96,7 +99,8 @@ TERMS: dict[str, Term] = {
         "the logits divided by the temperature into a copy while the model's output still holds them",
     ),
     "fused_chunk": Term(
-        "forward min(T, 512)·V·(4·[b<4] + 8); backward min(T, 512)·V·(b + 4·[b<4] + 18, or 20 with the entropy)",
+        "forward min(T, 512)·V·(4·[b<4] + 8); backward min(T, 512)·V·(b + 4·[b<4] + 18, or 20 with the entropy), "
+        "at the LM-head gradient's product min(T, 512)·V·(2b + 4·[b<4] + 8)",
         (f"{M}.use_fused_kernels",),
         "one 512-token chunk of verl's fused log-prob and entropy (FusedLinearForPPO): recomputed logits, fp32 "
         "softmax, products",
@@ -105,7 +109,8 @@ TERMS: dict[str, Term] = {
         "T·H·b (use_fused_kernels)", (f"{M}.use_fused_kernels",), "the fused head's gradient of the hidden states"
     ),
     "entropy": Term(
-        "compiled (default) 16·T; eager (use_torch_compile=false) or checkpointed 8·T·V under bf16 autocast; chunked "
+        "compiled (default) 16·T; eager (use_torch_compile=false) or checkpointed 8·T·V under bf16 autocast (the "
+        "softmax and logsumexp's fp32 copy of the logits; + logsumexp_temp); chunked "
         "min(T, chunk)·V·(4·[b<4] + 8); fused 0",
         (
             f"{A}.entropy_from_logits_with_chunking",
@@ -115,6 +120,12 @@ TERMS: dict[str, Term] = {
             f"{A}.use_torch_compile",
         ),
         "the entropy's forward tensors beyond the logits (old_log_prob always, the update when entropy_coeff ≠ 0)",
+    ),
+    "logsumexp_temp": Term(
+        "4·T·V (eager or checkpointed entropy under bf16 autocast)",
+        (f"{A}.use_torch_compile", f"{A}.entropy_checkpointing"),
+        "logsumexp's (x − max).exp_() temporary (ATen's composite, ReduceOps.cpp: logsumexp_out_impl), alive with "
+        "the fp32 softmax and the fp32 copy of the logits autocast made for logsumexp: 14 bytes a logit in all",
     ),
     "entropy_saved": Term(
         "8·T·V (eager, checkpointed's recompute, chunked: every chunk)",
@@ -132,9 +143,15 @@ TERMS: dict[str, Term] = {
         "the backward of the log-prob head",
     ),
     "lm_head_grad": Term(
-        "V·H·b in the update's head backward",
+        "V·H·b in the update's head backward; 2·V·H·b with use_fused_kernels (the accumulator and a chunk's product)",
         (f"{A}.ppo_micro_batch_size_per_gpu",),
         "the LM head's (tied: the embedding's) unsharded weight gradient before FSDP reduce-scatters it",
+    ),
+    "vision_activations": Term(
+        "VL: forward P·b·(3d + max(4d, MLP)) one block; update depth·P·d·b with checkpointing, else every block's; "
+        "P = rows · image_tokens_per_sample · merge²",
+        (f"{M}.enable_gradient_checkpointing",),
+        "the vision tower's activations for the image tokens a sample is assumed to hold (labkit.memory.vision)",
     ),
     "attention_mask": Term(
         "5·T² (sdpa on a packed row; 0 with flash attention)",
@@ -176,6 +193,24 @@ def terms_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+@cache
+def param_count(m: ModelShape) -> int:
+    """``m.param_count()``, once per shape (the fixes search prices the same model hundreds of times)."""
+    return m.param_count()
+
+
+@cache
+def layer_param_count(m: ModelShape) -> int:
+    """``m.layer_param_count()`` (the largest layer, what FSDP gathers at once), once per shape."""
+    return m.layer_param_count()
+
+
+@cache
+def _has_dense_mlp(m: ModelShape) -> bool:
+    """Some decoder layer keeps the dense MLP (every layer of a dense model; DeepSeek's first_k_dense_replace)."""
+    return m.num_moe_layers < m.num_hidden_layers
+
+
 def root_params(m: ModelShape) -> int:
     """FSDP2's root unit: the embedding, the final norm and the LM head (absent when tied)."""
     return m.embedding_param_count() + m.lm_head_param_count() + m.hidden_size
@@ -183,24 +218,79 @@ def root_params(m: ModelShape) -> int:
 
 def gathered_params(m: ModelShape, b: int, layers: int = 2) -> int:
     """FSDP's unsharded root and ``layers`` decoder layers in the compute dtype (FSDP2 gathers even on one GPU)."""
-    return b * (root_params(m) + layers * m.layer_param_count())
+    return b * (root_params(m) + layers * layer_param_count(m))
 
 
 def _widths(m: ModelShape) -> tuple[int, int, int, int]:
     return m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, m.intermediate_size
 
 
+def moe_forward_bytes(m: ModelShape, tokens: int, b: int) -> int:
+    """One MoE block's working set without grad, transformers' default experts (``integrations/moe.py:
+    grouped_mm_experts_forward``): each token copied to its top-k experts (``hidden[perm // k]``), the experts'
+    output, its weighted copy and that copy put back in token order, k·T rows of H each (traced), the hidden state
+    reshaped, and the routing's int64 indices (top-k, sort, permutation: 8 bytes each per routed copy)."""
+    if m.moe is None:
+        return 0
+    h, k = m.hidden_size, m.moe.num_experts_per_tok
+    shared = moe_shared_bytes(m, tokens, b, saved=False)  # runs first (Qwen2MoeSparseMoeBlock); its output waits
+    routed = tokens * (4 * k * h * b + h * b + 64 * k) + (tokens * h * b if shared else 0)
+    return max(routed, shared)
+
+
+def moe_saved_bytes(m: ModelShape, tokens: int, b: int) -> int:
+    """What autograd keeps of one MoE block: the router's logits (b) and fp32 softmax (4) over E experts; per routed
+    copy (k·T) its gathered input (H), the gate/up output (2·I_e), the activation and the gated product (I_e each)
+    and the expert output the routing weight multiplies (H); the int64 indices the index backward needs; the shared
+    expert as a dense MLP of its width."""
+    if m.moe is None:
+        return 0
+    h, e, k, i = m.hidden_size, m.moe.num_experts, m.moe.num_experts_per_tok, m.moe.moe_intermediate_size
+    routed = k * b * (2 * h + 4 * i) + 24 * k
+    return tokens * (e * (b + 4) + routed) + moe_shared_bytes(m, tokens, b, saved=True)
+
+
+def moe_shared_bytes(m: ModelShape, tokens: int, b: int, saved: bool) -> int:
+    """The always-on shared expert (Qwen2-MoE, DeepSeek, Qwen3-Next), a gated MLP of the shared width: without grad
+    its working set (gate, up and their product, then its output); saved: gate, up, activation and product."""
+    if m.moe is None or not m.moe.shared_expert_intermediate_size:
+        return 0
+    i = m.moe.shared_expert_intermediate_size
+    return tokens * b * ((4 * i if saved else 3 * i) + m.hidden_size)
+
+
+def _qk_norm_saved(m: ModelShape, tokens: int, b: int) -> int:
+    """Qwen3's per-head q/k RMSNorm under autograd: the fp32 upcast of q and k and their normed copies (traced)."""
+    _, q, kv, _ = _widths(m)
+    return tokens * (4 + b) * (q + kv) if m.qk_norm and b < 4 else 0
+
+
 def forward_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
-    """One decoder layer's working set without grad: the residual and its norm, then attention or the MLP."""
+    """One decoder layer's working set without grad: the residual and its norm, then attention or the MLP (the
+    dense MLP, or a MoE block's routed copies: ``moe_forward_bytes``)."""
     h, q, kv, i = _widths(m)
-    return tokens * b * (3 * h + max(2 * q + 2 * kv, 3 * i))
+    dense = tokens * b * max(2 * q + 2 * kv, 3 * i if _has_dense_mlp(m) else 0)
+    return max(tokens * b * 3 * h + dense, tokens * b * 3 * h + moe_forward_bytes(m, tokens, b))
 
 
 def saved_layer_bytes(m: ModelShape, tokens: int, b: int) -> int:
-    """What autograd keeps of one layer: norm inputs and outputs, q/k/v/attention output, gate/up/act/product;
-    RMSNorm upcasts its input to fp32 (8H more) when the compute dtype is narrower."""
+    """What autograd keeps of the largest layer: norm inputs and outputs, q/k/v/attention output (and Qwen3's q/k
+    norms), then gate/up/act/product of the dense MLP or a MoE block's (``moe_saved_bytes``); RMSNorm upcasts its
+    input to fp32 (8H more) when the compute dtype is narrower."""
     h, q, kv, i = _widths(m)
-    return tokens * (b * (4 * h + 2 * q + 2 * kv + 4 * i) + (8 * h if b < 4 else 0))
+    attention = tokens * (b * (4 * h + 2 * q + 2 * kv) + (8 * h if b < 4 else 0)) + _qk_norm_saved(m, tokens, b)
+    dense = tokens * b * 4 * i if _has_dense_mlp(m) else 0
+    return attention + max(dense, moe_saved_bytes(m, tokens, b))
+
+
+def largest_param_grad(m: ModelShape, b: int) -> int:
+    """The largest single parameter gradient of a decoder layer: what a backward that frees each gradient as it
+    is made holds of ``layer_grads`` (a fake trace; FSDP keeps the whole layer's until it reduce-scatters). MoE:
+    the experts' stacked gate/up weight, E·2·I_e·H (transformers keeps the experts as 3-D parameters)."""
+    h, q, kv, i = _widths(m)
+    dense = h * i if _has_dense_mlp(m) else 0
+    moe = m.moe.num_experts * 2 * m.moe.moe_intermediate_size * h if m.moe is not None else 0
+    return b * max(dense, moe, h * q)
 
 
 def kv_bytes_per_token(m: ModelShape, b: int, tp: int) -> int:

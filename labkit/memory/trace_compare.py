@@ -9,9 +9,10 @@ imports no tensors.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from labkit.memory.phases import Phase
+from labkit.memory.phases import PassShape, Phase, forward_pass, update_pass
 from labkit.memory.settings import MemorySettings
 
 GiB = 2**30
@@ -35,10 +36,22 @@ NOT_TRACED = (
 """Terms a trace of one micro-batch's pass does not hold above its weights."""
 
 
+def traced_instant(p: Phase) -> str:
+    """The instant whose traced terms are largest: where a trace of the pass peaks (the phase's own peak instant
+    can differ, its model states and FSDP's whole-layer gradients being outside any trace)."""
+    return max(p.instants, key=lambda k: sum(transient_terms(p, k).values()))
+
+
 def transient_terms(p: Phase, instant: str | None = None) -> dict[str, int]:
-    """The terms of ``instant`` (the peak's by default) that a trace sees: the pass's own tensors."""
-    live = p.instants[instant or p.peak_instant]
-    return {k: v for k, v in live.items() if k not in NOT_TRACED and v}
+    """The terms of ``instant`` (``traced_instant`` by default) that a trace sees: the pass's own tensors, and of
+    FSDP's unsharded ``layer_grads`` the one gradient being written (the trace frees each as it is made; a MoE
+    layer's stacked expert weights make that one large: ``labkit.memory.terms.largest_param_grad``)."""
+    if instant is None:
+        instant = traced_instant(p)
+    live = p.instants[instant]
+    out = {k: v for k, v in live.items() if k not in NOT_TRACED and v}
+    one = min(live.get("layer_grads", 0), int(p.info.get("traced_layer_grad", 0)))
+    return {**out, "layer_grads": one} if one else out
 
 
 def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
@@ -80,11 +93,32 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
         "profile": s.profile,
         "width": width if padded else 0,
         "response_length": min(s.response_length, width - 1) if padded == "legacy" else 0,
+        "layers": trace_layers(s),
     }
 
 
+TRACE_LAYERS = 4
+"""Decoder layers a MoE model is traced with: its layers share one shape, so the per-layer peak is the full model's
+(the formula is then held to a model of as many layers: ``traced_settings``); dense models trace every layer."""
+
+
+def trace_layers(s: MemorySettings) -> int:
+    """0 (every layer) for a dense model, ``TRACE_LAYERS`` for a MoE one."""
+    return TRACE_LAYERS if s.model.is_moe and s.model.num_hidden_layers > TRACE_LAYERS else 0
+
+
+def traced_settings(s: MemorySettings) -> MemorySettings:
+    """The settings of the model the trace builds (``trace_layers`` decoder layers), for the formula beside it."""
+    n = trace_layers(s)
+    return replace(s, model=replace(s.model, num_hidden_layers=n)) if n else s
+
+
 def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
-    """The trace's peak, instant and alive tensors beside the formula's transient terms, and the stand-ins."""
+    """The trace's peak, instant and alive tensors beside the formula's transient terms, and the stand-ins. A MoE
+    model is traced with ``trace_layers`` decoder layers: the formula beside it prices a model of as many."""
+    cut = int(spec.get("layers") or 0)
+    if cut:
+        p = _phase(traced_settings(s), name, p)
     formula = transient_terms(p)
     total = sum(formula.values())
     traced = int(result["peak_bytes"])
@@ -95,10 +129,12 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
         fed += f", the head on the last {spec['response_length']:,} positions)" if spec["response_length"] else ")"
     else:
         fed = f"{tokens:,} tokens packed in {n} sequences, 1/{spec['sp']} of them on this rank"
+    if cut:
+        fed += f"; {cut} of its {s.model.num_hidden_layers} decoder layers, the formula for as many"
     lines = [
         f"trace of {name} ({s.model.name}, {fed}; {flags}; fake CUDA, bf16 autocast):",
         f"  traced peak above the weights: {traced / GiB:,.2f} GiB at {result['op']} in {result['module']}",
-        f"  formula at {p.peak_instant}: {total / GiB:,.2f} GiB of pass tensors ("
+        f"  formula at {traced_instant(p)}: {total / GiB:,.2f} GiB of pass tensors ("
         + ", ".join(f"{k} {v / GiB:,.2f}" for k, v in formula.items())
         + f"); formula / trace = {total / max(traced, 1):.2f}",
         "  alive at the traced peak (largest first):",
@@ -109,3 +145,9 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
         )
     lines.append(f"  stand-ins (no fake tensor runs them): {'; '.join(result['stand_ins']) or 'none in this pass'}")
     return lines
+
+
+def _phase(s: MemorySettings, name: str, p: Phase) -> Phase:
+    """``p``'s pass priced again with settings ``s`` (the same micro-batch)."""
+    shape = PassShape(int(p.info["rows"]), int(p.info["tokens"]), p.info.get("real_tokens"))  # type: ignore[arg-type]
+    return (update_pass if name.startswith("update") else forward_pass)(s, name, shape)

@@ -86,3 +86,4 @@ def enable() -> None:
 
     amp_common.amp_definitely_not_available = lambda: False  # autocast("cuda") checks this before it enables
     torch.cuda.is_bf16_supported = lambda *a, **k: True  # a real H100/H200 supports bf16
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # Hopper: transformers' grouped_mm experts

@@ -1,8 +1,10 @@
 """A trace of one micro-batch's real pass on fake CUDA tensors at a real model's shape: what a GPU would allocate,
 op by op, without a GPU and without memory (seconds for a 7B model at 16k tokens on 2 cores).
 
-The Hugging Face decoder (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``) is built from the
-shape's config in bf16 on fake ``cuda`` (``labkit.model.fake_cuda``), fed one packed row as ``use_remove_padding``
+The Hugging Face decoder (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``, the MoE decoders
+``Qwen2MoeForCausalLM`` / ``Qwen3MoeForCausalLM`` with transformers' default grouped_mm experts; configs from
+``labkit.model.trace_config``) is built from the shape's config in bf16 on fake ``cuda``
+(``labkit.model.fake_cuda``), fed one packed row as ``use_remove_padding``
 packs it (verl's ``_forward_micro_batch``: ``input_ids`` (1, T) and ``position_ids`` restarting per sequence),
 with attention through PyTorch's copy of the flash-attention varlen kernel (``aten._flash_attention_forward``), under
 ``torch.autocast("cuda", bfloat16)`` as verl runs it. The head mirrors verl's: logits, ``logits / temperature``
@@ -10,7 +12,8 @@ when it is not 1, log-probs of the taken tokens and, for old_log_prob (``calcula
 entropy, ``entropy_from_logits`` (eager: softmax, logsumexp, ``(p · z).sum``) or its compiled form. The update runs
 backward with each parameter's gradient dropped as it is produced (FSDP reduce-scatters and frees it per unit).
 
-Stand-ins (FakeTensor cannot run Triton or inductor): flash_attn's cross-entropy (allocates its O(T) outputs),
+A fake tensor allocates only an op's outputs; what a GPU kernel allocates inside an op is added at that op
+(``kernel_temporaries``: logsumexp's ``(x - max).exp_()``). Stand-ins (FakeTensor cannot run Triton or inductor): flash_attn's cross-entropy (allocates its O(T) outputs),
 compiled entropy (three (T, 1) fp32 statistics and the result), flash-attention's backward workspaces (not added).
 On a CPU-only torch this module needs ``labkit.model.fake_cuda.enable()`` before torch is imported: run it through
 ``labkit.model.trace_runner`` (a fresh process, ``labkit.model.trace_main``).
@@ -29,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.memory.shapes import ModelShape, model_shape
 from labkit.model.trace_attention import CU, varlen_attention
+from labkit.model.trace_config import hf_config, shape_from_dict
 from labkit.model.trace_pass import pass_inputs, run_pass
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to 512 bytes
@@ -93,38 +97,49 @@ class _Tracker(TorchDispatchMode):
             key = st._cdata
             if key in self.live or key in self.before or st.nbytes() == 0:
                 continue
-            n = -(-st.nbytes() // BLOCK) * BLOCK
-            self.live[key] = Alive(str(func.overloadpacket.__name__), tuple(t.shape), str(t.dtype), n)
+            n = _block(st.nbytes())
+            self.live[key] = Alive(name, tuple(t.shape), str(t.dtype), n)
             weakref.finalize(st, self._free, key)
             self.now += n
             grew = True
-        if grew and self.now > self.peak:
-            self.peak, self.peak_op, self.peak_module = self.now, str(func.overloadpacket.__name__), self.module
-            self.peak_alive = sorted(self.live.values(), key=lambda a: -a.bytes)[:40]
+        inner = kernel_temporaries(name, args)
+        extra = sum(a.bytes for a in inner)
+        if (grew or extra) and self.now + extra > self.peak:
+            self.peak, self.peak_op, self.peak_module = self.now + extra, name, self.module
+            self.peak_alive = sorted([*self.live.values(), *inner], key=lambda a: -a.bytes)[:40]
         return out
 
 
-def _hf_config(shape: ModelShape) -> Any:
-    import transformers as tf
-
-    cls = {"qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config, "llama": tf.LlamaConfig}[shape.architecture]
-    extra = {"attention_bias": shape.attention_bias} if shape.architecture == "llama" else {}
-    if shape.architecture == "qwen3":
-        extra = {"head_dim": shape.head_dim}
-    return cls(
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        vocab_size=shape.vocab_size,
-        tie_word_embeddings=shape.tie_word_embeddings,
-        max_position_embeddings=max(shape.max_position_embeddings, 2**17),
-        **extra,
-    )
+def _block(nbytes: int) -> int:
+    return -(-nbytes // BLOCK) * BLOCK
 
 
-GPU_NATIVE = ("silu_backward", "logsumexp")
+def kernel_temporaries(op: str, args: Any) -> list[Alive]:
+    """What a GPU kernel allocates inside ``op`` beyond its outputs (alive only while it runs), which a fake
+    tensor cannot see (FakeTensor runs the op's meta function: outputs only). Audited over every op of verl's
+    heads: ``_softmax``/``_log_softmax`` and their backward, ``gather``, ``scatter_``, the elementwise products and
+    the reductions' kernels write only their outputs (a reduction's O(T) staging aside); ``logsumexp`` is a
+    composite on CUDA too (``aten/src/ATen/native/ReduceOps.cpp: logsumexp_out_impl``): the row maxima ``amax``
+    (keepdim) and ``(self - maxes).exp_()``, a temporary of the input's size and dtype, summed into the result."""
+    if op != "logsumexp" or not args or not isinstance(args[0], torch.Tensor):
+        return []
+    x, dims = args[0], args[1] if len(args) > 1 else ()
+    dims = [d % max(x.dim(), 1) for d in ([dims] if isinstance(dims, int) else list(dims) or range(x.dim()))]
+    kept = tuple(1 if i in dims else n for i, n in enumerate(x.shape))
+    size = x.element_size()
+    maxes = Alive("logsumexp (amax)", kept, str(x.dtype), _block(size * max(1, _numel(kept))))
+    diff = Alive("logsumexp ((x - max).exp_())", tuple(x.shape), str(x.dtype), _block(size * x.numel()))
+    return [diff, maxes]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+GPU_NATIVE = ("silu_backward",)
 """Ops with a native CUDA kernel that a CPU build sends to a composite fallback on fake ``cuda`` tensors (more ops,
 more temporaries than a GPU makes): a never-called CUDA kernel restores the GPU's granularity."""
 _LIB: list[Any] = []
@@ -161,6 +176,7 @@ def trace_pass(
     width: int = 0,
     response_length: int = 0,
     profile: str = "engine",
+    layers: int = 0,
 ) -> TraceResult:
     """Trace one packed micro-batch of ``seq_lengths`` through ``shape``: forward under no_grad (a log-prob pass)
     or forward + backward (``update``); ``entropy`` none | eager | compiled | chunked (``entropy_chunk`` rows at a
@@ -172,7 +188,7 @@ def trace_pass(
     pads); ``padded`` legacy | engine: ``use_remove_padding=False``, each sequence a row padded to ``width`` (legacy:
     prompt + response; the engine: the micro-batch's longest), legacy's head on the last ``response_length``
     positions; ``profile``: the order of the head (legacy: log-probs, then the entropy; the engine: the entropy
-    first)."""
+    first); ``layers`` > 0: build that many decoder layers (the same per-layer peak; a 48-layer MoE in seconds)."""
     if padded not in ("", "legacy", "engine") or (padded and (sp > 1 or width < max(seq_lengths))):
         raise ValueError("padded is legacy or engine, without SP, with a width of at least the longest sequence")
     if entropy not in ENTROPY_MODES or head not in ("flash_attn", "torch"):
@@ -187,7 +203,7 @@ def trace_pass(
     AttentionInterface.register("labkit_varlen", varlen_attention)
     if device == "cuda":
         _gpu_granularity()
-    cfg = _hf_config(shape)
+    cfg = hf_config(shape, layers)
     cfg._attn_implementation = "labkit_varlen"
     with FakeTensorMode(allow_non_fake_inputs=True):
         default = torch.get_default_dtype()
@@ -245,6 +261,6 @@ def main() -> None:
     out = []
     for spec in json.loads(sys.stdin.read()):
         m = spec.pop("model")
-        shape = model_shape(m) if isinstance(m, str) else ModelShape(**m)
+        shape = model_shape(m) if isinstance(m, str) else shape_from_dict(m)
         out.append(asdict(trace_pass(shape, **spec)))
     print(json.dumps(out))
