@@ -70,6 +70,13 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="verl's log-prob head: flash_attn (default: flash-attn installed, as in verl's GPU images) or torch "
         "(verl's fallback without it: a log-softmax per token row, 4 bytes a logit saved under grad)",
     )
+    s.add_argument(
+        "--image-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="vision-language models: image tokens in each sample's prompt (default 256, an assumption the answer states)",
+    )
     s.add_argument("--json", action="store_true", help='{"phases": {...}, "first_oom": ..., "fixes": [...]}')
 
 
@@ -100,7 +107,14 @@ def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
     """The settings for parsed CLI options (``labkit.memory.choice.settings_for``, as the dashboard decides)."""
     capacity = parse_bytes(ns.gpu_memory) if ns.gpu_memory is not None else None
     s = settings_for(cfg, ns.model, ns.gpu, capacity, getattr(ns, "margin", None))
-    return replace(s, logprob_kernel=getattr(ns, "head", None) or s.logprob_kernel)
+    images = getattr(ns, "image_tokens", None)
+    if images is not None and not 0 <= images <= 10**6:
+        raise ConfigError(f"--image-tokens must be 0 to 1,000,000 image tokens a sample, got {images}")
+    return replace(
+        s,
+        logprob_kernel=getattr(ns, "head", None) or s.logprob_kernel,
+        image_tokens_per_sample=s.image_tokens_per_sample if images is None else images,
+    )
 
 
 def report(cfg: VerlConfig, ns: argparse.Namespace) -> MemoryReport:
@@ -154,6 +168,7 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             if p.info.get("engine_error"):
                 lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
     lines.append(f"lengths: {rep.lengths}")
+    lines.extend(_model_lines(rep))
     if layout is not None and layout.is_megatron:
         lines.append("log-prob head: vocabulary-parallel logits [tokens, V/TP] on the last stage, fp32 log-softmax")
     else:
@@ -207,6 +222,31 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             "larger GPU or a smaller model"
         )
     return "\n".join(lines)
+
+
+def _model_lines(rep: MemoryReport) -> list[str]:
+    """What the answer assumed of the model and the rollout engine: MoE's total and active parameters, the image
+    tokens of a vision-language model, the attention kinds priced as full attention, the engine's memory split."""
+    m, out = rep.settings.model, []
+    if m.is_moe:
+        out.append(
+            f"params: {m.param_count() / 1e9:,.2f}B total (all experts sit in each FSDP or EP shard's memory), "
+            f"{m.active_param_count() / 1e9:,.2f}B active per token"
+        )
+    infos = [p.info for p in rep.phases.values()]
+    for key, label in (
+        ("vision_assumption", "assumed"),
+        ("not_modelled", "not modelled"),
+        ("rollout_engine", "rollout"),
+    ):
+        seen = []
+        for info in infos:
+            value = info.get(key)
+            for v in value if isinstance(value, (list, tuple)) else [value] if value else []:
+                if v not in seen:
+                    seen.append(v)
+        out.extend(f"{label}: {v}" for v in seen)
+    return out
 
 
 def _was(fix: dict[str, Any]) -> str:

@@ -78,19 +78,32 @@ def _residents(s: MemorySettings, phase: str) -> dict[str, int]:
     return out
 
 
+ENGINE_NOTES = {
+    "vllm": "vLLM: gpu_memory_utilization is its whole share (weights + profiled activations + KV pool)",
+    "sglang": "SGLang: gpu_memory_utilization is its mem_fraction_static (weights + KV pool); its activations sit "
+    "above the fraction; CUDA-graph buffers are not modelled",
+    "hf": "HF generate: priced as vLLM's pool (labkit's HF engine has no pool of its own)",
+    "trtllm": "TensorRT-LLM: priced as vLLM's pool (its own memory split is not modelled)",
+}
+"""What the generate phase assumes of each rollout engine (``rollout.name``), said in the answer."""
+
+
 def generate(s: MemorySettings) -> Phase:
     """The rollout: residents plus the engine's share u·C = weights + profiling activations + the KV pool."""
     m, b, tp = s.model, s.rollout_bytes, s.rollout_tp
     share = int(s.gpu_memory_utilization * s.gpu_bytes)
     weights = b * t.param_count(m) // tp
     acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
-    kv = share - weights - acts
+    # vLLM profiles its activations inside u·C; SGLang's mem_fraction_static (verl passes u) covers weights + KV,
+    # its activations and CUDA graphs take the memory above it (verl/workers/rollout/sglang_rollout)
+    kv = share - weights - (0 if s.rollout_name == "sglang" else acts)
     layout = kv_layout(m, b, tp)
     per_token = layout.per_token + layout.window_per_token
     per_sequence = layout.sequence_bytes(s.max_model_len)
     fit = max(kv, 0) // per_sequence
     info = {
         "engine_share_bytes": share,
+        "rollout_engine": ENGINE_NOTES.get(s.rollout_name, ENGINE_NOTES["vllm"]),
         "kv_bytes_per_token": per_token,
         "kv_bytes_per_sequence": per_sequence,
         "kv_layers": layout.kinds,

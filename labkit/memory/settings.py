@@ -116,6 +116,9 @@ class MemorySettings:
     """VL models only, an assumption (sequence lengths cannot say it): image tokens in each sample's prompt (a
     448×448 image in Qwen2.5-VL: (448/14)² patches merged 2×2 = 256). The vision tower sees
     ``spatial_merge_size²`` patches per image token (``labkit.memory.vision``); the phases state the figure."""
+    rollout_name: str = "vllm"
+    """rollout.name: vllm (gpu_memory_utilization is the engine's whole share) or sglang (its mem_fraction_static:
+    weights + KV pool, activations and CUDA graphs on top); hf and trtllm are priced as vllm, and said so."""
     cuda_context_bytes: int = 0
     """What the CUDA context and module images take of C (``labkit.memory.headroom``; 0: not counted)."""
     cublas_workspace_bytes: int = 0
@@ -169,6 +172,7 @@ class MemorySettings:
             critic_sp=g("critic.ulysses_sequence_parallel_size"),
             rollout_tp=g(f"{ROLLOUT}.tensor_model_parallel_size"),
             gpu_memory_utilization=g(f"{ROLLOUT}.gpu_memory_utilization"),
+            rollout_name=g(f"{ROLLOUT}.name"),
             free_cache_engine=g(f"{ROLLOUT}.free_cache_engine"),
             max_num_seqs=g(f"{ROLLOUT}.max_num_seqs"),
             max_num_batched_tokens=g(f"{ROLLOUT}.max_num_batched_tokens"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +154,15 @@ class ModelShape:
 
     def layer_param_counts(self) -> list[int]:
         """Every decoder layer's parameters: token mixer + MLP + ``norms_per_layer``·H."""
+        return list(self._layer_counts)
+
+    @cached_property
+    def _layer_counts(self) -> tuple[int, ...]:
+        """``layer_param_counts`` computed once per shape (a memory answer asks hundreds of times)."""
         norms = self.norms_per_layer * self.hidden_size
-        return [self.attention_param_count(i) + self.mlp_param_count(i) + norms for i in range(self.num_hidden_layers)]
+        return tuple(
+            self.attention_param_count(i) + self.mlp_param_count(i) + norms for i in range(self.num_hidden_layers)
+        )
 
     def layer_param_count(self) -> int:
         """The largest decoder layer (what FSDP gathers at once; for dense models every layer)."""

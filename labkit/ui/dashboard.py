@@ -17,12 +17,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from labkit.config.lengths import profile_names
+from labkit.config.versions import RELEASES
 from labkit.memory.shapes import gpu_names, model_names
 from labkit.ui import dashboard_state as S
 from labkit.ui.dashboard_figures import METRICS, mime_bundle
 from labkit.ui.dashboard_view import View, heading, render, show
 
 AUTO_TOKEN_SAMPLES = 65_536  # above this B·n the per-token plan (seconds) waits for the "plan tokens" button
+RELEASE_CHOICES = tuple(reversed(RELEASES))
+"""The releases the dashboard offers, newest first."""
+
 CSS = {  # widget -> CSS class
     "root": "labkit-dashboard",
     "text": "labkit-config-text",
@@ -105,6 +109,20 @@ class Dashboard:
             options=[S.AUTO_MODEL, *model_names()], value=first.model, description="model", style=style, layout=wide
         )
         self.gpu = W.Dropdown(options=gpu_names(), value=first.gpu, description="GPU", style=style, layout=wide)
+        self.verl = W.Dropdown(
+            options=[("(profile)", ""), *((f"verl {v}", v) for v in RELEASE_CHOICES)],
+            value=first.verl,
+            description="release",
+            style=style,
+            layout=wide,
+        )
+        self.sets = W.Textarea(
+            value="\n".join(first.sets),
+            placeholder="NAME=VALUE per line: shell values the script reads from its caller (e.g. DEVICE=gpu)",
+            description="shell",
+            style=style,
+            layout=W.Layout(width="300px", height="60px"),
+        )
         self.metric = W.Dropdown(
             options=[(v, k) for k, v in METRICS.items()],
             value="tokens",
@@ -115,7 +133,7 @@ class Dashboard:
         self.tokens = W.Button(description="plan the tokens too", layout=W.Layout(display="none", width="220px"))
         self.status, self.verdict, self.pipeline, self.memory, self.hangs = (W.HTML() for _ in range(5))
         self.ranks, self.memory_plot = W.Output(), W.Output()
-        controls = [self.profile, self.loop, self.lengths, self.seed, self.model, self.gpu]
+        controls = [self.verl, self.profile, self.loop, self.lengths, self.seed, self.model, self.gpu, self.sets]
         for c in (*controls, self.text):
             c.observe(self.update, names="value")
         self.metric.observe(self._redraw, names="value")
@@ -157,6 +175,8 @@ class Dashboard:
             int(self.seed.value),
             self.model.value,
             self.gpu.value,
+            verl=self.verl.value,
+            sets=tuple(line for line in self.sets.value.splitlines() if line.strip()),
         )
 
     def update(self, _: Any = None) -> None:
@@ -164,7 +184,8 @@ class Dashboard:
         if getattr(self.lengths, "refitting", False):  # the length options follow the text: not a user's choice
             return
         inputs = self.inputs()
-        self.loop.disabled = inputs.profile != "engine"
+        self.loop.disabled = inputs.profile != "engine" or bool(inputs.verl)  # a release runs its own loop
+        self.profile.disabled = bool(inputs.verl)
         with self._lock:
             self._gen += 1
             gen = self._gen

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from labkit.config import versions
+from labkit.config.launch_script import LaunchError, parse_sets
 from labkit.config.lengths import LengthsError
 from labkit.config.text_input import ConfigText, load_pasted_config
 from labkit.config.verl_config import ConfigError, VerlConfig
@@ -52,6 +54,8 @@ class Inputs:
     model: str = AUTO_MODEL
     gpu: str = "H100-80GB"
     extra: tuple[str, ...] = ()  # overrides applied after the text (before the loop's trainer.use_v1)
+    verl: str = ""  # a verl release (labkit.config.versions): it picks the profile and loop; "" keeps them
+    sets: tuple[str, ...] = ()  # NAME=VALUE lines: shell values a script reads from its caller (--set)
 
 
 @dataclass
@@ -196,14 +200,18 @@ def _memory(st: State, cfg: VerlConfig) -> None:
         st.memory_error = str(exc)
 
 
-def _overrides(inputs: Inputs) -> list[str]:
-    """The extra overrides, then the loop the dashboard picks (it wins over a trainer.use_v1 in the text)."""
+def _overrides(inputs: Inputs, rel: versions.Release | None = None) -> list[str]:
+    """The extra overrides, then the loop the dashboard picks (it wins over a trainer.use_v1 in the text); a chosen
+    release sets its own loop (``labkit.config.versions.apply_release``)."""
+    if rel is not None:
+        return list(inputs.extra)
     loop = [f"trainer.use_v1={'true' if inputs.loop == 'v1' else 'false'}"] if inputs.profile == "engine" else []
     return [*inputs.extra, *loop]
 
 
 def _key(inputs: Inputs) -> tuple:
-    return (inputs.text, inputs.extra, inputs.profile, inputs.loop if inputs.profile == "engine" else "")
+    loop = inputs.loop if inputs.profile == "engine" and not inputs.verl else ""
+    return (inputs.text, inputs.extra, inputs.verl or inputs.profile, loop, inputs.sets)
 
 
 def quick(inputs: Inputs) -> State:
@@ -215,15 +223,18 @@ def quick(inputs: Inputs) -> State:
         return hit
     st = State(inputs)
     try:
+        rel = versions.release(inputs.verl) if inputs.verl else None
+        profile = rel.profile if rel is not None else inputs.profile
+        sets = parse_sets(line for line in inputs.sets if line.strip())
         st.cfg, st.read = _timed(
-            st, "parse", lambda: load_pasted_config(inputs.text, inputs.profile, _overrides(inputs))
+            st, "parse", lambda: load_pasted_config(inputs.text, profile, _overrides(inputs, rel), sets=sets)
         )
-        cfg = st.cfg
+        cfg = st.cfg = versions.apply_release(st.cfg, rel)
         st.report = _timed(st, "check", lambda: check(cfg, **check_shape(cfg)))
         first = st.report.first_error
         if first is not None and first.code in ZERO_SIZE:  # normalised to 0: early verl's split(0) hang
             st.risks = _timed(st, "hang_risk", lambda: config_risks(cfg, None))
-    except ConfigError as exc:  # the text, a key, a value, a bad interpolation
+    except (ConfigError, versions.VersionError, LaunchError) as exc:  # the text, a key, a value, a version
         st.error = exc
         st.read = getattr(exc, "read", st.read)  # what a script passed, listed beside the error
     except Exception as exc:  # noqa: BLE001 - a labkit bug: a card instead of a traceback in the widget log

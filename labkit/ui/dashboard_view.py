@@ -84,10 +84,16 @@ def _status(st: State, pending: bool) -> str:
         geo = BatchGeometry.from_config(st.cfg)
         pad = f" + {geo.padding_rows:,} v1 padding rows" if geo.padding_rows else ""
         loop = f", {geo.loop} loop" if geo.loop != "legacy" else ""
+        lay = geo.parallel
+        mesh = f"TP·PP·CP = {lay.tp}·{lay.pp}·{lay.cp}, " if lay.is_megatron else ""
         parts.append(
             f"B·n = {geo.prompts:,}·{geo.rollout_n:,} = {geo.prompts * geo.rollout_n:,} samples{pad} on "
-            f"W = {geo.world_size:,} GPUs (D = {geo.dp_size:,}), {st.cfg.profile} profile{loop}"
+            f"W = {geo.world_size:,} GPUs ({lay.engine}: {mesh}D = {geo.dp_size:,}), {st.cfg.profile} profile{loop}"
         )
+        rel = st.cfg.release
+        if rel is not None:
+            parts.append(f"as verl {rel.version} runs it" + "".join(f"; {d}" for d in rel.differences))
+        parts.extend(f"verl's Hydra would stop first: {stop}" for stop in st.cfg.hydra_stops)
     if pending:
         parts.append("planning step 1 per rank…")
     elif "total" in st.timings_ms:

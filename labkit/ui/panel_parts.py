@@ -33,7 +33,7 @@ def profile_toggle(profile: str) -> W.ToggleButtons:
         options=["legacy", "engine"],
         value=profile,
         description="verl profile",
-        tooltips=["verl <= 0.8 workers (fsdp_workers.py, dp_actor.py)", "verl 0.9.1 engine workers"],
+        tooltips=["verl <= 0.7 workers (fsdp_workers.py, dp_actor.py)", "verl 0.9.1 engine workers"],
         style={"description_width": "90px", "button_width": "80px"},
     )
 
