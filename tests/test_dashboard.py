@@ -296,3 +296,15 @@ def test_the_memory_title_and_fixes_follow_the_inputs():
     for f in big.memory.fixes:
         assert f["set"] != f["from"] and all(c["from"] != c["to"] for c in f["changes"]), f
         assert html.escape(f["from"]) in view.memory_text or f not in big.memory.fixes[:8]
+
+
+def test_a_release_and_shell_values_are_inputs_of_the_dashboard():
+    script = Path(__file__).parent / "data/launch_scripts/verl-1dda039/examples/grpo_trainer/run_qwen2_5_32b_fsdp.sh"
+    text = script.read_text()
+    bare = S.quick(S.Inputs(text))
+    assert bare.code == "input" and "pass --set DEVICE=VALUE (a CUDA machine gives gpu)" in str(bare.error)
+    st = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.8"))
+    assert st.error is None and st.cfg.release.version == "0.8" and st.cfg.profile == "engine"
+    assert BatchGeometry.from_config(st.cfg).loop == "v0"  # 0.8.0 has no v1 loop, whatever the loop control says
+    bad = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.4"))
+    assert bad.code == "input" and "labkit models verl" in str(bad.error)
