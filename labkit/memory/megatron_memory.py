@@ -31,7 +31,7 @@ from labkit.memory.megatron_activations import (
     pass_buffers,
     stage_activations,
 )
-from labkit.memory.megatron_params import Residency, check_groups, check_supported, residents, stage_layers
+from labkit.memory.megatron_params import Residency, approximations, check_groups, residents, stage_layers
 from labkit.memory.phases import Phase
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
@@ -70,7 +70,6 @@ def stage_phase(
             "verl pads each sequence to it"
         )
     check_groups(m, layout.tp)
-    check_supported(m)
     inp.recompute.check()
     r = r or Residency()
     forward_only, critic = phase in FORWARD_ONLY, phase in ("values", "update_critic")
@@ -93,6 +92,8 @@ def stage_phase(
             grad = 2 * -(-m.vocab_size // layout.tp) * m.hidden_size
             instants["embedding_backward"] = {**base, **rest, "embedding_grad": grad}
     info = {"stage": stage, "in_flight": 0 if forward_only else in_flight(layout, stage, inp.micro_batches)}
+    if approximations(m):
+        info["not_modelled"] = approximations(m)
     return Phase(phase, instants, {**info, "tokens": t, "layers": len(layers)})
 
 

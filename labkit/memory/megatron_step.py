@@ -162,4 +162,5 @@ def _generate(s: MemorySettings, layout: Any, r: Residency) -> Phase:
             best = states
     instants = {"engine": {**best, **engine_terms}}
     add_headroom(s, instants)
-    return Phase("generate", instants, dict(fsdp.info))
+    info = {k: v for k, v in fsdp.info.items() if k != "not_modelled"}  # FSDP's notes on its training passes
+    return Phase("generate", instants, info)
