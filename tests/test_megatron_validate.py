@@ -625,3 +625,17 @@ def test_startup_matches_verl_validate_config(startup, profile):
     assert not bad, f"{len(bad)} of {len(cfgs[profile])} disagree; first: {bad[:2]}"
     want = {"E2", "M1", "E1", "pass"} | ({"M2"} if profile == "engine" else set())
     assert want <= set(codes), codes  # the random configs reach every Megatron start-up verdict
+
+
+def test_uneven_first_stage_is_checked_as_megatron_core_splits_the_rest():
+    from labkit.config.verl_config import load_config
+    from labkit.validate.report import check
+
+    tc = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    base = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4"]
+    base += ["actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    shape = {"num_attention_heads": 32, "num_key_value_heads": 8, "num_layers": 36, "num_experts": 0}
+    bad = check(load_config(None, [*base, f"+{tc}.num_layers_in_first_pipeline_stage=7"]), fixes=False, **shape)
+    assert bad.first_error is not None and bad.first_error.code == "M20"  # 29 layers left over 3 stages
+    ok = check(load_config(None, [*base, f"+{tc}.num_layers_in_first_pipeline_stage=6"]), fixes=False, **shape)
+    assert not [f for f in ok.findings if f.code in ("M17", "M20") and f.severity == "error"]

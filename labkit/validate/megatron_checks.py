@@ -40,6 +40,7 @@ WHERE = {
     "M17": f"{MCORE}/transformer/transformer_block.py: get_num_layers_to_build",
     "M18": f"{MCORE}/transformer/transformer_block.py: get_num_layers_to_build",
     "M19": f"{MCORE}/transformer/moe/moe_layer.py: MoELayer.__init__",
+    "M20": f"{MCORE}/transformer/transformer_block.py: get_num_layers_to_build",
     "M22": f"{MCORE}/pipeline_parallel/schedules.py: forward_backward_pipelining_with_interleaving",
     "M23": f"{MCORE}/pipeline_parallel/schedules.py: forward_backward_pipelining_with_interleaving",
 }
@@ -65,6 +66,7 @@ WHY = {
     "M17": "Every pipeline stage builds the same number of decoder layers.",
     "M18": "Each stage's layers are cut into VPP model chunks.",
     "M19": "Bare assert: every EP rank holds the same number of experts.",
+    "M20": "With num_layers_in_first/last_pipeline_stage the other stages split the layers left over evenly.",
     "M22": "The interleaved schedule runs micro-batches in groups of G; G must lie in [PP, micro-batches].",
     "M23": "A last group of fewer than PP micro-batches would stall the interleaved pipeline.",
 }
