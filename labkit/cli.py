@@ -10,6 +10,7 @@ the traceback).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,7 +22,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from labkit.config import versions
-from labkit.config.launch_script import MAX_SCRIPT_BYTES, LaunchError, exact_args, parse_sets, read_script
+from labkit.config.launch_script import (
+    MAX_SCRIPT_BYTES,
+    LaunchError,
+    exact_args,
+    login_environment,
+    parse_sets,
+    read_script,
+)
 from labkit.config.lengths import LengthsError, parse_lengths
 from labkit.config.messages import clip
 from labkit.config.text_input import YAML, is_yaml, load_script_config
@@ -206,7 +214,9 @@ def _config(args: Sequence[str], profile: str, sets: Sequence[str] = ()):
     if is_yaml(text):
         return load_config_text(text, overrides, profile=profile, origin=path)
     try:
-        cfg, read = load_script_config(text, overrides, profile=profile, sets=parse_sets(sets))
+        cfg, read = load_script_config(
+            text, overrides, profile=profile, sets=parse_sets(sets), login=login_environment(os.environ)
+        )
     except LaunchError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except ConfigError as exc:
@@ -220,13 +230,13 @@ def cmd_read(ns: argparse.Namespace) -> int:
     """``labkit read SCRIPT|- [args]``: the arguments bash would pass to verl's entry point, one per line."""
     text = _source_text(ns.script)
     try:
-        read = read_script(text, extra=ns.args, sets=parse_sets(ns.set or ()))
+        read = read_script(text, extra=ns.args, sets=parse_sets(ns.set or ()), login=login_environment(os.environ))
         args = exact_args(read)
     except LaunchError as exc:
         raise ConfigError(f"{ns.script}: {exc}") from None
     for arg in args:
         print(arg)
-    if read.assumed:
+    if read.assumed or read.from_caller:
         print(f"labkit: {read.assumed_line()}", file=sys.stderr)
     return 0
 

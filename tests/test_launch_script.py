@@ -241,10 +241,11 @@ QWEN3_4B = DATA / "verl-1dda039" / "examples" / "grpo_trainer" / "run_qwen3_4b_f
 DAPO = DATA / "verl-9cd3542" / "examples" / "gmpo_trainer" / "test_dapo_7b_math.sh"
 
 
-def test_dapo_script_gets_an_answer_from_check(capsys):
+def test_dapo_script_gets_an_answer_from_check(capsys, monkeypatch):
     from labkit.cli import main
     from labkit.config.text_input import load_script_config
 
+    monkeypatch.delenv("HOME", raising=False)  # a caller without HOME: the paths under it stay unread
     rc = main(["check", str(DAPO)])
     out = capsys.readouterr()
     assert rc in (0, 1) and out.out.startswith("verl "), out
@@ -263,6 +264,16 @@ def test_dapo_script_gets_an_answer_from_check(capsys):
     assert cfg.get("actor_rollout_ref.model.path") == "…/verl/models/Qwen2.5-Math-7B"  # $HOME is the caller's
     assert main(["read", str(DAPO), "--set", "HOME=/home/me"]) == 0
     assert "data.train_files=/home/me/verl/data/dapo-math-17k.parquet" in capsys.readouterr().out.splitlines()
+
+
+def test_home_user_and_pwd_come_from_the_caller_as_bash_takes_them(capsys, monkeypatch):
+    from labkit.cli import main
+
+    monkeypatch.setenv("HOME", "/home/me")
+    assert main(["read", str(DAPO)]) == 0
+    out = capsys.readouterr()
+    assert "data.train_files=/home/me/verl/data/dapo-math-17k.parquet" in out.out.splitlines()
+    assert "taken from your environment, as bash does: HOME=/home/me" in out.err
 
 
 def test_pasted_qwen3_4b_script_shows_its_micro_size_and_dynamic_batching():

@@ -55,16 +55,18 @@ class Shell:
     assumed: dict[str, int] = field(default_factory=dict)  # variable read as unset -> first line
     subst: Callable[[str, int], Val | None] | None = None  # evaluates $(...) statically (bash_reader)
     out: list[Val] | None = None  # what echo/pwd print, inside a command substitution
+    login: dict[str, str] = field(default_factory=dict)  # HOME, USER, PWD of the caller (every login shell has them)
+    from_caller: dict[str, int] = field(default_factory=dict)  # login variables the script read -> first line
 
     def copy(self) -> Shell:
         return Shell(
             dict(self.scalars), {k: list(v) for k, v in self.arrays.items()}, list(self.positional), self.env,
             self.env_complete, self.nounset, dict(self.assumed), self.subst,
-            list(self.out) if self.out is not None else None,
+            list(self.out) if self.out is not None else None, self.login, dict(self.from_caller),
         )  # fmt: skip
 
     def is_set(self, name: str) -> bool:
-        return name in self.scalars or name in self.arrays or name in self.env
+        return name in self.scalars or name in self.arrays or name in self.env or name in self.login
 
     def get(self, name: str) -> Val | None:
         """The scalar value (an array's first element), the environment's, or None when unset."""
@@ -75,6 +77,9 @@ class Shell:
             return arr[0] if arr else None
         if name in self.env:
             return Val(self.env[name])
+        if name in self.login:  # as bash takes it from the caller; the answer names it
+            self.from_caller.setdefault(name, 0)
+            return Val(self.login[name])
         return None
 
     def unset_value(self, name: str, line: int, has_default: bool) -> Val:

@@ -51,6 +51,8 @@ class ScriptRead:
     args: list[Arg]
     launcher: list[str] = field(default_factory=list)
     assumed: dict[str, int] = field(default_factory=dict)
+    from_caller: dict[str, str] = field(default_factory=dict)
+    """Login-shell variables (HOME, USER, PWD) the script read, with the caller's values bash would use."""
 
     @property
     def exact(self) -> bool:
@@ -67,11 +69,16 @@ class ScriptRead:
         return f"line {self.line}: {what}{via}, {len(self.args)} argument(s)"
 
     def assumed_line(self) -> str:
-        """The variables read as unset, one line (empty when none)."""
-        if not self.assumed:
-            return ""
-        names = ", ".join(f"{k} (line {v})" for k, v in sorted(self.assumed.items(), key=lambda kv: kv[1]))
-        return f"assumed unset in the caller's environment (the script's defaults apply): {names}"
+        """The variables read as unset, and those taken from the caller's login environment, one line (empty when
+        none)."""
+        parts = []
+        if self.from_caller:
+            taken = ", ".join(f"{k}={v}" for k, v in sorted(self.from_caller.items()))
+            parts.append(f"taken from your environment, as bash does: {taken}")
+        if self.assumed:
+            names = ", ".join(f"{k} (line {v})" for k, v in sorted(self.assumed.items(), key=lambda kv: kv[1]))
+            parts.append(f"assumed unset in the caller's environment (the script's defaults apply): {names}")
+        return "; ".join(parts)
 
 
 def find_entry(fields: list[Val]) -> tuple[int, int, str | None] | None:
@@ -97,9 +104,11 @@ def read_script(
     extra: Iterable[str] = (),
     sets: Mapping[str, str] | None = None,
     env_complete: bool = False,
+    login: Mapping[str, str] | None = None,
 ) -> ScriptRead:
     """The launch a script reaches: ``extra`` are the arguments given after the script (``$@``), ``sets`` the
-    ``--set NAME=VALUE`` environment; ``env_complete``: no other variable is set (a scratch environment).
+    ``--set NAME=VALUE`` environment; ``env_complete``: no other variable is set (a scratch environment); ``login``:
+    the caller's HOME, USER and PWD (``login_environment``), which bash takes from any login shell.
     LaunchError when the script cannot be read or reaches no verl launch."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SCRIPT_BYTES:
         raise LaunchError(f"labkit reads launch scripts of at most {MAX_SCRIPT_BYTES:,} bytes")
@@ -111,7 +120,7 @@ def read_script(
         raise LaunchError(f"line {exc.line}: cannot parse: {exc.what}") from None
     except RecursionError:
         raise LaunchError("the script nests too deeply to read") from None
-    shell = Shell(positional=list(extra), env=dict(sets or {}), env_complete=env_complete)
+    shell = Shell(positional=list(extra), env=dict(sets or {}), env_complete=env_complete, login=dict(login or {}))
     reader = Reader(shell, lambda fields: find_entry(fields) is not None)
     try:
         launch = reader.run(stmts)
@@ -125,7 +134,8 @@ def read_script(
     start, first, module = find_entry(launch.argv)
     launcher = [f.text.replace(MARK, "…") for f in launch.argv[:start]]
     args = [Arg(f.text, f.unknown) for f in launch.argv[first:]]
-    return ScriptRead(module, launch.line, args, launcher, dict(reader.sh.assumed))
+    taken = {k: shell.login[k] for k in reader.sh.from_caller}
+    return ScriptRead(module, launch.line, args, launcher, dict(reader.sh.assumed), taken)
 
 
 def exact_args(read: ScriptRead) -> list[str]:
@@ -135,6 +145,15 @@ def exact_args(read: ScriptRead) -> list[str]:
         more = f" (and {len(read.unknown) - 1} more argument(s))" if len(read.unknown) > 1 else ""
         raise LaunchError(f"{first.unknown}; it decides '{first.shown()}'{more}")
     return [a.text for a in read.args]
+
+
+LOGIN_VARIABLES = ("HOME", "USER", "PWD")
+"""Variables every login shell has, which a script may read without setting: bash takes them from the caller."""
+
+
+def login_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's ``LOGIN_VARIABLES`` from ``environ`` (``os.environ`` for the command line)."""
+    return {k: environ[k] for k in LOGIN_VARIABLES if k in environ}
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, str]:

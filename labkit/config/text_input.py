@@ -54,7 +54,7 @@ class ConfigText:
         parts = [self.head()]
         if self.not_read:
             parts.append("not read: " + "; ".join(f"{arg} ({why})" for arg, why in self.not_read))
-        if self.script is not None and self.script.assumed:
+        if self.script is not None and (self.script.assumed or self.script.from_caller):
             parts.append(self.script.assumed_line())
         return "; ".join(parts)
 
@@ -124,14 +124,19 @@ def _with_read(exc: ConfigError, read: ConfigText) -> ConfigError:
     return exc
 
 
-def read_config_text(text: str, extra: Iterable[str] = (), sets: Mapping[str, str] | None = None) -> ConfigText:
+def read_config_text(
+    text: str,
+    extra: Iterable[str] = (),
+    sets: Mapping[str, str] | None = None,
+    login: Mapping[str, str] | None = None,
+) -> ConfigText:
     """Which kind of config ``text`` is, and what it holds; ``extra``: arguments given after a script (its
     ``$@``), ``sets``: ``--set NAME=VALUE``. ConfigError for a text labkit cannot read."""
     text = text.replace("\r\n", "\n")
     if is_yaml(text):
         return ConfigText(YAML, yaml_text=text)
     try:
-        read = read_script(text, extra=extra, sets=sets)
+        read = read_script(text, extra=extra, sets=sets, login=login)
     except LaunchError as exc:
         lead = f"{NOTHING_READ}: " if str(exc).startswith("no verl launch") else ""
         raise ConfigError(f"{lead}{exc}") from None
@@ -139,12 +144,16 @@ def read_config_text(text: str, extra: Iterable[str] = (), sets: Mapping[str, st
 
 
 def load_pasted_config(
-    text: str, profile: str = "engine", extra: Iterable[str] = (), sets: Mapping[str, str] | None = None
+    text: str,
+    profile: str = "engine",
+    extra: Iterable[str] = (),
+    sets: Mapping[str, str] | None = None,
+    login: Mapping[str, str] | None = None,
 ) -> tuple[VerlConfig, ConfigText]:
     """The config a YAML or a launch script describes, for ``profile``, with ``extra`` overrides applied last
     (e.g. the loop a dashboard picks); ConfigError as ``load_config`` raises it, and when the text holds no
     override at all (verl's defaults are not judged for a text labkit did not understand)."""
-    read = read_config_text(text, sets=sets)
+    read = read_config_text(text, sets=sets, login=login)
     if read.kind == YAML:
         return load_config_text(read.yaml_text, extra, profile=profile), read
     if not read.overrides and not read.not_read:
@@ -153,11 +162,15 @@ def load_pasted_config(
 
 
 def load_script_config(
-    text: str, extra: Iterable[str] = (), profile: str = "engine", sets: Mapping[str, str] | None = None
+    text: str,
+    extra: Iterable[str] = (),
+    profile: str = "engine",
+    sets: Mapping[str, str] | None = None,
+    login: Mapping[str, str] | None = None,
 ) -> tuple[VerlConfig, ConfigText]:
     """``labkit check|plan|memory SCRIPT [overrides]``: ``extra`` are the script's ``$@`` (applied after its own
     overrides when it does not pass them on)."""
-    read = read_config_text(text, extra=extra, sets=sets)
+    read = read_config_text(text, extra=extra, sets=sets, login=login)
     if read.kind == YAML:
         return load_config_text(read.yaml_text, extra, profile=profile), read
     return load_config(None, read.overrides, profile=profile), read
