@@ -519,3 +519,11 @@ def test_nccl_timeout_is_named_as_never_read_under_engine_workers():
     legacy = check(load_config(overrides=base, profile="legacy"), fixes=False).findings
     assert not [f for f in legacy if f.code == "S7"]  # 0.7.1's workers pass it to init_process_group
     assert not [f for f in check(load_config(), fixes=False).findings if f.code == "S7"]
+
+
+def test_gradient_checkpointing_is_named_as_unread_under_megatron():
+    over = ["model_engine=megatron", "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+    found = [f for f in check(load_config(overrides=over), fixes=False).findings if f.code == "S8"]
+    assert found and found[0].severity == "silent"
+    fsdp = ["actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+    assert not [f for f in check(load_config(overrides=fsdp), fixes=False).findings if f.code == "S8"]

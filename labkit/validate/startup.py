@@ -245,6 +245,25 @@ def startup_checks(run: Run, s: Snap) -> None:
         role="trainer",
     )
 
+    checkpointing = "actor_rollout_ref.model.enable_gradient_checkpointing"
+    run.add(  # the Megatron engine takes recompute from override_transformer_config only
+        s.geo.parallel.is_megatron and s.cfg.is_set(checkpointing) and bool(s.cfg.get(checkpointing)),
+        "S8",
+        None,
+        message("S8"),
+        STARTUP,
+        "verl/workers/engine/megatron/transformer_impl.py (the key is read by the FSDP engine only)",
+        [
+            f"{checkpointing} = true",
+            "megatron.override_transformer_config.recompute_granularity = "
+            f"{s.cfg.get('actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity')}",
+        ],
+        "The Megatron engine never reads model.enable_gradient_checkpointing: activations are recomputed only as "
+        "override_transformer_config.recompute_granularity/method/num_layers say.",
+        SILENT,
+        role="actor",
+    )
+
 
 NCCL_TIMEOUT_KEYS = ("actor_rollout_ref.nccl_timeout", "critic.nccl_timeout")
 """Keys users raise to cure a hang that verl 0.9.1's engine workers never read."""
