@@ -169,6 +169,11 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
                 lines.append(f"  {'':<14} the engine cannot start: {p.info['engine_error']}")
     lines.append(f"lengths: {rep.lengths}")
     lines.extend(_model_lines(rep))
+    if layout is not None and layout.engine == "veomni":
+        lines.append(
+            f"VeOmni: priced as FSDP over D = {layout.dp_size} (Ulysses {layout.ulysses_sp}); its expert parallelism "
+            f"(EP {layout.ep}) is not modelled: experts are sharded with the rest"
+        )
     if layout is not None and layout.is_megatron:
         lines.append("log-prob head: vocabulary-parallel logits [tokens, V/TP] on the last stage, fp32 log-softmax")
     else:
