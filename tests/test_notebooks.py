@@ -53,6 +53,7 @@ SECOND: dict[str, dict] = {
     "09_seed_claims": {"POSTS": [2], "NOTES": False},  # run by tests/test_seed_claims.py
     "10_loops_and_versions": {"LENGTHS": "long-reasoning", "SEED": 1},
     "11_rollout_engine": {"SEED": 1, "N": 2},
+    "12_megatron": {"LENGTHS": "gsm8k-like", "LIVE_MICRO_BATCHES": 6, "TIMEOUT_S": 2.0},
 }
 # the notebooks whose second set the suite runs: pure arithmetic, no worker group to start again
 SECOND_IN_SUITE = {"00_start_here", "01_four_layers", "03_micro_batches", "04_balance_batch", "10_loops_and_versions"}
@@ -188,6 +189,22 @@ def test_arithmetic_notebooks_pass_nbval_lax():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert re.search(r"\b[1-9]\d* passed", done.stdout) and " failed" not in done.stdout, done.stdout[-2000:]
     print(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_megatron_notebook_passes_nbval_lax_without_its_live_part():
+    """12 under ``pytest --nbval-lax`` (nbval's own kernel client): its arithmetic sections run as written; nbval
+    takes no parameters, so ``LABKIT_LIVE=0`` makes the live sections (4 rank processes) a no-op there (papermill
+    runs them)."""
+    path = ROOT / "notebooks" / "12_megatron.ipynb"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--nbval-lax", str(path)]
+    args += ["--nbval-cell-timeout", str(RUN_BOUND_S), "-o", "addopts=", "--timeout", str(TIMEOUT_S)]
+    env = {**os.environ, "LABKIT_LIVE": "0"}
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=2 * TIMEOUT_S, env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert re.search(r"\b[1-9]\d* passed", done.stdout) and " failed" not in done.stdout, done.stdout[-2000:]
 
 
 def _cell(source="x", outputs=(), count=1):

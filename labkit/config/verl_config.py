@@ -58,6 +58,13 @@ def _verl_keys() -> set[str]:
 _VERL_KEYS: set[str] | None = None
 
 
+@lru_cache(maxsize=2)
+def _profile_keys(profile: str) -> frozenset[str]:
+    """The keys of the verl release a profile models (0.9.1 for engine, 0.7.1 for legacy)."""
+    blob = json.loads((DATA_DIR / "verl_config_keys.json").read_text())
+    return frozenset(blob["keys"]["0.9.1" if profile == "engine" else "0.7.1"])
+
+
 def _open_mapping(path: str) -> str | None:
     """The key of verl's config that ``path`` lies inside (``rollout.engine_kwargs.sglang`` for
     ``rollout.engine_kwargs.sglang.attention_backend``): a mapping whose keys verl leaves open, or None."""
@@ -294,11 +301,12 @@ class VerlConfig:
             self.values[path] = strategy
 
     def _outside_schema(self, path: str) -> bool:
-        """A key neither labkit nor verl's ppo_trainer.yaml has (``+`` adds it, e.g. ``model.override_config.x``)."""
-        global _VERL_KEYS
-        if _VERL_KEYS is None:
-            _VERL_KEYS = _verl_keys()
-        return path not in KEYS and path not in _VERL_KEYS
+        """A key this profile's verl YAML does not have (``+`` adds it, e.g. ``model.override_config.x``, or
+        ``+actor.megatron.grad_offload`` on 0.9.1, which has no such key)."""
+        key = KEYS.get(path)
+        if key is not None and self.profile in key.profiles:
+            return False
+        return path not in _profile_keys(self.profile)
 
     def _holds_value(self, path: str) -> bool:
         """Whether ``path`` already holds a non-null value (Hydra's ``+`` refuses to add it again)."""

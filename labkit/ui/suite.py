@@ -49,13 +49,16 @@ NOTEBOOKS = [
     ),
     Notebook("10_loops_and_versions", "Loops and versions", "legacy, engine-v0 and engine-v1 on the same config"),
     Notebook("11_rollout_engine", "The rollout engine", "vLLM as verl runs it: one engine per TP group"),
+    Notebook(
+        "12_megatron", "Megatron, stage by stage", "ranks, micro-batches, the pipeline schedule, memory per stage"
+    ),
 ]
 BY_STEM = {nb.stem: nb for nb in NOTEBOOKS}
 
 # which notebook explains each part of the dashboard
 PANELS = {
     "verdict": ("01_four_layers", "10_loops_and_versions"),
-    "pipeline": ("01_four_layers", "02_rollout_and_dispatch", "10_loops_and_versions"),
+    "pipeline": ("01_four_layers", "02_rollout_and_dispatch", "10_loops_and_versions", "12_megatron"),
     "ranks": ("03_micro_batches", "04_balance_batch", "05_remove_padding_and_ulysses"),
     "memory": ("07_oom_debugging",),
     "hangs": ("08_hangs",),
@@ -68,6 +71,7 @@ _CODE_GROUPS = {
     "04_balance_batch": "E36 E37 E38 E40",
     "05_remove_padding_and_ulysses": "E12 E18 E41 E42 X4",
     "08_hangs": "X2",
+    "12_megatron": "M21",
     "10_loops_and_versions": "E28 E46 E47 E48 E49 E50 E51 E52 E53 E54 E55 E56 E57 B4 X6 S5 S6 N6 N7 N8 N9",
 }
 CODE_NOTEBOOK = {code: stem for stem, codes in _CODE_GROUPS.items() for code in codes.split()}
