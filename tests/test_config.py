@@ -42,7 +42,6 @@ def test_profiles_differ_where_verl_yaml_differs():
         ("data.train_batch_size=2.5", "expects int"),
         ("trainer.balance_batch=maybe", "expects bool"),
         ("actor_rollout_ref.actor.strategy=deepspeed", "must be one of"),
-
         ("--config.actor_rollout_ref.rollout.n=12", "no '--' prefix"),
         ("actor_rollout_ref.rollout.n", "key=value"),
         ("data.train_batch_size=[1", "cannot parse"),

@@ -15,7 +15,9 @@ from labkit.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "tests" / "data" / "launch_scripts" / "verl-1dda039" / "examples"
 SCRIPTS = sorted(p for p in EXAMPLES.rglob("*.sh") if re.search(r"-m\s+verl\.trainer\.main_ppo\b", p.read_text()))
-MEGATRON = [p for p in SCRIPTS if re.search(r"model_engine=megatron|ppo_megatron_trainer|strategy=megatron", p.read_text())]
+MEGATRON = [
+    p for p in SCRIPTS if re.search(r"model_engine=megatron|ppo_megatron_trainer|strategy=megatron", p.read_text())
+]
 
 REFUSED_FOR_ENGINE = (
     "model_engine=dp only",

@@ -335,7 +335,10 @@ def test_hydra_forms():
     [
         ("python3 -m verl.trainer.main_ppo --config-name=my_recipe a.b=1", "--config-name my_recipe"),
         ("python3 -m verl.trainer.main_ppo --config-path=/opt/dapo/cfg --config-name=dapo x=1", "in /opt/dapo/cfg"),
-        ("python3 -m verl.trainer.main_ppo model_engine=torchtitan", "labkit models model_engine=dp|megatron|veomni only"),
+        (
+            "python3 -m verl.trainer.main_ppo model_engine=torchtitan",
+            "labkit models model_engine=dp|megatron|veomni only",
+        ),
         ("python3 -m verl.trainer.main_generation_server a=1", "the entry point verl.trainer.main_generation_server"),
         ("python3 -m verl.trainer.main_ppo_sync a=1", "verl 0.8.0's TransferQueue sync trainer"),
         ("python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$(nproc)", "line 1: command substitution $(nproc)"),

@@ -190,7 +190,9 @@ def test_summary_carries_the_groups_and_the_update_schedule():
     rank0 = next(r for r in tr.at("update_actor") if r.rank == 0)
     want = pipeline_schedule(2, None, rank0.extra["ga_per_mini"][0])
     assert meg["schedule"]["function"] == want.function
-    assert [s["peak_in_flight"] for s in meg["schedule"]["stages"]] == [min(2 - s, want.num_microbatches) for s in (0, 1)]
+    assert [s["peak_in_flight"] for s in meg["schedule"]["stages"]] == [
+        min(2 - s, want.num_microbatches) for s in (0, 1)
+    ]
     for dp, ranks in meg["groups"]["same_rows"].items():
         assert sorted(r.rank for r in tr.at("old_log_prob") if r.dp_rank == int(dp)) == sorted(ranks)
     # verl collects outputs from TP rank 0 of the last stage, one rank per DP rank

@@ -212,7 +212,6 @@ _KEYS = [
 ]
 
 
-
 def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
     """``<role>.megatron.*``: verl 0.9.1's ``McoreEngineConfig`` keys labkit models (``engine/megatron.yaml``); the
     ref's sizes follow the actor's (``follow``), as its YAML's ``oc.select`` does."""

@@ -43,7 +43,6 @@ class Release:
         return f"verl {self.version} ({loop})"
 
 
-
 _LEGACY_ORACLE = "labkit's legacy profile is checked against verl 0.7.1's code"
 RELEASES: dict[str, Release] = {
     "0.5": Release(

@@ -5,6 +5,10 @@ The memory of one RL step per phase and per GPU: model and GPU shapes as data (`
 or a trace and ``fill_bytes_predicted`` (``step_memory``), the OOM verdict and its fixes (``verdict``), the
 ``labkit memory`` command (``command``), the log-prob head's bytes (``logprob``), the model a config trains
 (``model_source``), a GPU's reported capacity and headroom with the fits / tight / OOM verdict (``headroom``), and
-the one model-and-GPU decision the CLI and the dashboard share (``choice``). docs/memory.md explains it.
+the one model-and-GPU decision the CLI and the dashboard share (``choice``); the model catalogue's parts
+(``shapes_parts``, ``shapes_hf``, ``catalogue_doc``), MoE/VL/KV pricing (``vision``, ``kv_cache``, ``phase_info``), the
+fix candidates (``fix_candidates``) and Megatron's memory per pipeline stage (``megatron_memory``,
+``megatron_params``, ``megatron_activations``, ``megatron_terms``, ``megatron_step``). docs/memory.md and
+docs/megatron.md explain it.
 May import: ``labkit.plan`` and everything below it.
 """

@@ -175,4 +175,3 @@ def check_shape(cfg: Any) -> dict[str, int]:
         "num_experts": m.moe.num_experts if m.is_moe else 0,
         "vocab_size": m.vocab_size,
     }
-

@@ -3,6 +3,7 @@
 Holds the planner's per-step state (``context``), the stages before the actor's forward passes
 (``rollout_stages``), the forward and update stages on the actor and critic meshes (``train_stages``), their
 micro-batches (``micro_batches``), which keys drive each stage (``roles``), the rollout engine's arguments from the
-rollout keys (``rollout_engine``) and the entry point ``step.plan``.
+rollout keys (``rollout_engine``), Megatron's passes (``megatron_passes``: rows by DP coordinate, padding to TP·CP·2,
+collectives per stage), megatron-core's pipeline schedules (``pipeline_schedule``) and the entry point ``step.plan``.
 May import: ``labkit.validate``, ``labkit.balance``, ``labkit.rules``, ``labkit.config``, ``labkit.trace``.
 """

@@ -5,5 +5,7 @@ mesh, the workload formula, ceiling division, Ulysses padding, the ``gen_batch_s
 rules of an update (``mini_batches``: the legacy normalisation with E20–E22, the engine's E28/E29), the failure verl
 raises at a stage (``failures``), whether dynamic micro-batching syncs its count over the DP group (``dp_sync``),
 the collective names planner and runtime share (``collectives``) and the error catalogue (``catalogue``: every
-code's message, location, when and why). May import: ``labkit.config``, ``labkit.trace``.
+code's message, location, when and why), the training engine's parallel layout (``parallel_layout``: FSDP, Megatron,
+VeOmni), megatron-core's rank groups (``megatron_ranks``) and Megatron's batch rules (``megatron_rules``,
+``megatron_schedule``). May import: ``labkit.config``, ``labkit.trace``.
 """
