@@ -79,6 +79,19 @@ GRID = [
     ("Qwen3-30B-A3B", 16384, "update_actor", {}),
     ("Qwen1.5-MoE-A2.7B", 8192, "update_actor", {"gradient_checkpointing": False}),
     ("Qwen1.5-MoE-A2.7B", 16384, "old_log_prob", {"fused_kernels": True}),
+    # VL (transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL, each sample opening with an image): the tower's saved
+    # tensors with and without checkpointing under the decoder's head backward, its own forward peak (rotary in
+    # fp32), and the image embeddings and DeepStack features the decoder's layers run beside
+    ("Qwen2.5-VL-7B-Instruct", (2, 4096), "update_actor", {"gradient_checkpointing": False}),
+    ("Qwen2.5-VL-7B-Instruct", (2, 8192), "old_log_prob", {"fused_kernels": True, "image_tokens_per_sample": 3600}),
+    ("Qwen3-VL-8B-Instruct", (8, 8192), "update_actor", {"image_tokens_per_sample": 1024}),
+    (
+        "Qwen2-VL-2B-Instruct",
+        (4, 8192),
+        "update_actor",
+        {"image_tokens_per_sample": 1024, "gradient_checkpointing": False},
+    ),
+    ("Qwen3-VL-30B-A3B-Instruct", (2, 8192), "old_log_prob", {"fused_kernels": True, "image_tokens_per_sample": 3000}),
 ]
 
 

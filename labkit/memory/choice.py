@@ -4,6 +4,7 @@ for, as ``MemorySettings`` (the model from ``model_source.model_for``, capacity 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from labkit.config.verl_config import ConfigError
@@ -36,7 +37,9 @@ def settings_for(
         g = gpu_settings(cfg, gpu_name, capacity, margin_gib)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
-    return MemorySettings.from_config(cfg, model_for(cfg, model), g.pop("gpu_bytes"), **g)
+    s = MemorySettings.from_config(cfg, model_for(cfg, model), g.pop("gpu_bytes"), **g)
+    prompt = s.max_model_len - s.response_length  # verl counts a sample's image tokens in its prompt
+    return replace(s, image_tokens_per_sample=min(s.image_tokens_per_sample, prompt)) if s.model.vision else s
 
 
 def model_note(cfg: Any, model: str | None) -> str | None:

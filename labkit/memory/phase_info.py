@@ -36,5 +36,5 @@ def vision_info(m: ModelShape, rows: int, image_tokens_per_sample: int) -> dict[
         "vision_patches": patches,
         "vision_params": m.vision_param_count(),
         "vision_assumption": f"assumes {image_tokens_per_sample:,} image tokens per sample ({patches:,} patches for "
-        f"{rows} rows); --image-tokens N changes it",
+        f"{rows} row{'s' if rows != 1 else ''}); --image-tokens N changes it",
     }

@@ -16,7 +16,13 @@ from labkit.memory.logprob import logprob_peak_bytes
 from labkit.memory.phase_info import model_info, vision_info
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import ModelShape
-from labkit.memory.vision import vision_forward_bytes, vision_patches, vision_saved_bytes
+from labkit.memory.vision import (
+    image_embeds_bytes,
+    vision_backward_bytes,
+    vision_forward_bytes,
+    vision_patches,
+    vision_saved_bytes,
+)
 
 FUSED_CHUNK = 512  # verl FusedLinearForPPO: tokens per chunk of the fused log-prob kernel
 
@@ -262,8 +268,10 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         "log_prob": {**base, "activations": hidden, **_head(s, shape, vocab)},
     }
     patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)
-    if patches:  # the tower runs first; its image embeddings then wait in the decoder's input
-        instants["vision_forward"] = {**base, "vision_activations": vision_forward_bytes(m, patches, b)}
+    if patches:  # the tower runs first, beside the decoder's input embeddings; its outputs wait through the layers
+        tower = {**base, "activations": hidden, "vision_activations": vision_forward_bytes(m, patches, b)}
+        instants["layer_forward"]["image_embeds"] = image_embeds_bytes(m, shape.rows, s.image_tokens_per_sample, tok, b)
+        instants = {"vision_forward": tower, **instants}
     if name == "old_log_prob":
         logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
         rows = head_tokens(s, shape, vocab)
@@ -291,7 +299,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         recompute = t.saved_layer_bytes(m, tok, b)
     else:
         saved, recompute = m.num_hidden_layers * t.saved_layer_bytes(m, tok, b), 0
-    patches = 0 if critic else vision_patches(m, shape.rows, s.image_tokens_per_sample)
+    patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)  # verl's critic feeds the images too
     vision = {"vision_activations": vision_saved_bytes(m, patches, b, ckpt)} if patches else {}
     # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
     masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
@@ -346,15 +354,15 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         step["adam_temporaries"] = 4 * p // s.fsdp_world
     for key in instants:  # the tower's saved tensors wait through the decoder's forward and backward
         instants[key].update(vision)
-    if patches:  # the tower's own backward, last: one block recomputed with checkpointing
+    if patches:  # the tower's forward (a checkpointed block's working set on top), and its own backward, last
         top = vision_forward_bytes(m, patches, b) if ckpt else 0
-        instants["vision_backward"] = {**base, "vision_activations": vision["vision_activations"] + top}
+        forward = {**base, "activations": layer_in, "vision_activations": vision["vision_activations"] + top}
+        backward = {**base, "vision_activations": vision_backward_bytes(m, patches, b, ckpt)}
+        instants = {"vision_forward": forward, **instants, "vision_backward": backward}
     instants["optimizer_step"] = step
     traced = t.largest_param_grad(m, b) if s.fsdp else 0
     info = {**_info(shape), "checkpointing": ckpt, "traced_layer_grad": traced, **model_info(m)}
-    return Phase(
-        name, instants, {**info, **(vision_info(s.model, shape.rows, s.image_tokens_per_sample) if not critic else {})}
-    )
+    return Phase(name, instants, {**info, **vision_info(s.model, shape.rows, s.image_tokens_per_sample)})
 
 
 def hf_generate(m: ModelShape, rows: int, prompt_length: int, new_tokens: int, b: int) -> Phase:

@@ -148,10 +148,17 @@ TERMS: dict[str, Term] = {
         "the LM head's (tied: the embedding's) unsharded weight gradient before FSDP reduce-scatters it",
     ),
     "vision_activations": Term(
-        "VL: forward P·b·(3d + max(4d, MLP)) one block; update depth·P·d·b with checkpointing, else every block's; "
+        "VL, bytes per patch: no grad one block's working set (~36-49·d); update (depth+1)·b·d with checkpointing, "
+        "else depth·(2 norms + 6·b·d + MLP) (~32-50·d a block); mergers, pixels and cos/sin either way; "
         "P = rows · image_tokens_per_sample · merge²",
         (f"{M}.enable_gradient_checkpointing",),
         "the vision tower's activations for the image tokens a sample is assumed to hold (labkit.memory.vision)",
+    ),
+    "image_embeds": Term(
+        "VL: 2·(1 + DeepStack mergers)·I·out·b + P·d·b (+ T·H·b with DeepStack), I = rows · image_tokens_per_sample",
+        (f"{M}.enable_gradient_checkpointing",),
+        "the merger's image embeddings and their concatenation (Qwen3-VL: the DeepStack features too and a copy of "
+        "the hidden states), and the tower's last hidden state, held through the decoder's forward",
     ),
     "attention_mask": Term(
         "5·T² (sdpa on a packed row; 0 with flash attention)",

@@ -94,6 +94,7 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
         "width": width if padded else 0,
         "response_length": min(s.response_length, width - 1) if padded == "legacy" else 0,
         "layers": trace_layers(s),
+        **({"image_tokens": s.image_tokens_per_sample} if s.model.vision is not None and not padded else {}),
     }
 
 

@@ -21,6 +21,7 @@ On a CPU-only torch this module needs ``labkit.model.fake_cuda.enable()`` before
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import weakref
@@ -31,9 +32,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.memory.shapes import ModelShape, model_shape
-from labkit.model.trace_attention import CU, varlen_attention
-from labkit.model.trace_config import hf_config, shape_from_dict
+from labkit.model.trace_attention import CU, varlen_attention, vision_attention
+from labkit.model.trace_config import VL_TRACEABLE, hf_config, shape_from_dict
 from labkit.model.trace_pass import pass_inputs, run_pass
+from labkit.model.trace_vision import VISION_ATTENTION, ImageIndexing, image_inputs
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 STAND_INS = (
@@ -71,8 +73,9 @@ class TraceResult:
 class _Tracker(TorchDispatchMode):
     """Counts the storages every op creates until they die; records the peak, its op and module, and the alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str) -> None:
         super().__init__()
+        self.device = device
         self.live: dict[int, Alive] = {}
         self.now = self.peak = 0
         self.peak_op, self.peak_module, self.peak_alive = "", "", []
@@ -91,7 +94,7 @@ class _Tracker(TorchDispatchMode):
         self.ops[name] = self.ops.get(name, 0) + 1
         grew = False
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if not isinstance(t, torch.Tensor):
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device:  # a VL grid's real arithmetic
                 continue
             st = t.untyped_storage()
             key = st._cdata
@@ -159,6 +162,21 @@ def _gpu_granularity() -> None:
     _LIB.append(lib)
 
 
+def _label(module: Any, name: str, tracker: _Tracker) -> None:
+    """Name ``module``'s allocations ``name`` in the trace (its forward, and its recomputation in backward)."""
+    before: list[str] = []
+
+    def enter(*_: Any) -> None:
+        before.append(tracker.module)
+        tracker.module = name
+
+    def leave(*_: Any) -> None:
+        tracker.module = before.pop()
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
+
+
 def trace_pass(
     shape: ModelShape,
     seq_lengths: list[int],
@@ -177,6 +195,7 @@ def trace_pass(
     response_length: int = 0,
     profile: str = "engine",
     layers: int = 0,
+    image_tokens: int = 0,
 ) -> TraceResult:
     """Trace one packed micro-batch of ``seq_lengths`` through ``shape``: forward under no_grad (a log-prob pass)
     or forward + backward (``update``); ``entropy`` none | eager | compiled | chunked (``entropy_chunk`` rows at a
@@ -188,7 +207,9 @@ def trace_pass(
     pads); ``padded`` legacy | engine: ``use_remove_padding=False``, each sequence a row padded to ``width`` (legacy:
     prompt + response; the engine: the micro-batch's longest), legacy's head on the last ``response_length``
     positions; ``profile``: the order of the head (legacy: log-probs, then the entropy; the engine: the entropy
-    first); ``layers`` > 0: build that many decoder layers (the same per-layer peak; a 48-layer MoE in seconds)."""
+    first); ``layers`` > 0: build that many decoder layers (the same per-layer peak; a 48-layer MoE in seconds);
+    ``image_tokens`` (a VL model, packed, without SP): each sequence opens with an image of that many tokens, which
+    the vision tower encodes first (``labkit.model.trace_vision``)."""
     if padded not in ("", "legacy", "engine") or (padded and (sp > 1 or width < max(seq_lengths))):
         raise ValueError("padded is legacy or engine, without SP, with a width of at least the longest sequence")
     if entropy not in ENTROPY_MODES or head not in ("flash_attn", "torch"):
@@ -197,10 +218,14 @@ def trace_pass(
         raise ValueError(
             f"Ulysses SP {sp} must divide the {shape.num_attention_heads} attention heads (verl asserts it)"
         )
+    vl = shape.architecture in VL_TRACEABLE
+    if vl and (padded or sp > 1 or image_tokens < 1 or image_tokens > min(seq_lengths)):
+        raise ValueError("a VL model is traced packed, without SP, with 1 <= image_tokens <= each sequence's length")
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForImageTextToText
 
     AttentionInterface.register("labkit_varlen", varlen_attention)
+    AttentionInterface.register(VISION_ATTENTION, vision_attention)
     if device == "cuda":
         _gpu_granularity()
     cfg = hf_config(shape, layers)
@@ -210,7 +235,7 @@ def trace_pass(
         torch.set_default_dtype(torch.bfloat16)
         try:
             with torch.device(device):
-                model = AutoModelForCausalLM.from_config(cfg)
+                model = (AutoModelForImageTextToText if vl else AutoModelForCausalLM).from_config(cfg)
         finally:
             torch.set_default_dtype(default)
         if update and checkpointing:
@@ -224,11 +249,19 @@ def trace_pass(
             if update:  # FSDP reduce-scatters each unit's gradient and frees the full one
                 p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
         ids, pos, mask = pass_inputs(seq_lengths, sp, padded, width, device)
-        tracker = _Tracker()
-        inputs = [ids, pos, CU["cu"], *([mask, CU["indices"]] if padded else [])]
+        images: dict[str, Any] = {}
+        tracker = _Tracker(device)
+        if vl:  # mRoPE's three position rows; the tower in verl's flash_attention_2
+            pos = pos.unsqueeze(0).expand(3, *pos.shape).contiguous()
+            model.model.visual.config._attn_implementation_internal = VISION_ATTENTION
+            images = image_inputs(model, len(seq_lengths), image_tokens, device)
+            _label(model.model.visual, "vision", tracker)
+        indexing = ImageIndexing(ids.shape[-1], len(seq_lengths) * image_tokens) if vl else contextlib.nullcontext()
+        tensors = [v for v in images.values() if isinstance(v, torch.Tensor)]
+        inputs = [ids, pos, CU["cu"], *tensors, *([mask, CU["indices"]] if padded else [])]
         for t in [*model.parameters(), *model.buffers(), *inputs]:  # alive before: not the pass's
             tracker.before.add(t.untyped_storage()._cdata)
-        with tracker, torch.set_grad_enabled(update), torch.autocast(device, torch.bfloat16):
+        with indexing, tracker, torch.set_grad_enabled(update), torch.autocast(device, torch.bfloat16):
             head_spec = {
                 "entropy": entropy,
                 "temperature": temperature,
@@ -240,7 +273,7 @@ def trace_pass(
                 "response_length": response_length,
                 "profile": profile,
             }
-            run_pass(model, (ids, pos, mask), update, head_spec, tracker)
+            run_pass(model, (ids, pos, mask), update, head_spec, tracker, images)
     used = [
         not fused and head == "flash_attn",
         not fused and entropy == "compiled",

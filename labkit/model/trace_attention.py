@@ -80,3 +80,16 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling
     padded = torch.zeros(rows * width, *out[0].shape[1:], dtype=out[0].dtype, device=out[0].device)
     padded[indices] = out[0]
     return padded.view(rows, width, *out[0].shape[1:])
+
+
+def vision_attention(
+    module: Any, q: Any, k: Any, v: Any, attention_mask: Any = None, scaling: Any = None, **kw: Any
+) -> Any:
+    """A VL vision tower's attention as flash_attention_2 runs it: one varlen kernel over every image (or window) of
+    the micro-batch, bidirectional, on the ``cu_seq_lens_q`` transformers passes."""
+    cu, longest = kw["cu_seq_lens_q"], kw["max_length_q"]
+    qq, kk, vv = (x.transpose(1, 2)[0] for x in (q, k, v))
+    out = torch.ops.aten._flash_attention_forward(
+        qq, kk, vv, cu, cu, longest, longest, 0.0, False, False, scale=scaling
+    )
+    return out[0].unsqueeze(0), None

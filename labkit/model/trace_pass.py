@@ -43,23 +43,26 @@ def pass_inputs(seq_lengths: list[int], sp: int, padded: str, width: int, device
     return ids, pos, None
 
 
-def run_pass(model: Any, inputs: tuple[Any, Any, Any], update: bool, spec: dict[str, Any], tr: Any) -> None:
-    """The decoder, then verl's head as ``spec`` says (entropy mode, temperature, head kernel, fused), then backward
-    of a loss on the log-probs (and the entropy) for an update."""
+def run_pass(
+    model: Any, inputs: tuple[Any, Any, Any], update: bool, spec: dict[str, Any], tr: Any, images: Any = None
+) -> None:
+    """The decoder (a VL model's vision tower first, on ``images``), then verl's head as ``spec`` says (entropy mode,
+    temperature, head kernel, fused), then backward of a loss on the log-probs (and the entropy) for an update."""
+    images = images or {}
     ids, pos, mask = inputs
     if spec["padded"] and not spec["fused"]:
         return _run_padded(model, inputs, update, spec, tr)
     entropy, temperature, labels = spec["entropy"], spec["temperature"], ids.reshape(-1)
-    tr.module = "decoder"
+    tr.module = "vision and decoder" if images else "decoder"
     if spec["fused"]:
-        hidden = model.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False)
-        hidden = hidden.last_hidden_state.reshape(-1, model.config.hidden_size)
+        hidden = model.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **images)
+        hidden = hidden.last_hidden_state.reshape(-1, model.lm_head.weight.shape[1])
         tr.module = "head"
         logp, ent = FusedLinearPPO.apply(hidden, model.lm_head.weight, labels, temperature, FUSED_CHUNK)
         ent = None if entropy == "none" else ent
         del hidden
     else:
-        output = model(input_ids=ids, position_ids=pos, use_cache=False)
+        output = model(input_ids=ids, position_ids=pos, use_cache=False, **images)
         logits = output.logits.squeeze(0)  # verl: rmpad squeeze
         tr.module = "head"
         if temperature != 1.0 and spec["temperature_copy"]:  # the engine: a copy (none at 1), the output kept
