@@ -279,10 +279,13 @@ def test_launch_script_models_are_catalogued():
         assert known_shape(name) is not None, name
 
 
-def test_qwen3_5_9b_equals_its_safetensors_total_size_with_mtp():
+@pytest.mark.parametrize(
+    "name", [n for n in MODELS if n.startswith("Qwen3.5-") and "checkpoint_total_size_bytes" in MODELS[n]]
+)
+def test_qwen3_5_equals_its_safetensors_total_size_with_mtp(name):
     """The checkpoint index's total_size (bytes): every tensor bf16 except A_log and the gated norm of each
-    linear-attention layer (fp32), MTP layer included: an exact check of the hybrid, vision and MTP counts."""
-    e, s = MODELS["Qwen3.5-9B"], model_shape("Qwen3.5-9B")
+    linear-attention layer (fp32), MTP layer included: an exact check of the hybrid, vision, tying and MTP counts."""
+    e, s = MODELS[name], model_shape(name)
     la = s.linear_attention
     fp32 = s.layer_types.count("linear_attention") * (la.num_value_heads + la.value_head_dim)
     assert 2 * (s.param_count() + s.mtp_param_count()) + 2 * fp32 == e["checkpoint_total_size_bytes"]

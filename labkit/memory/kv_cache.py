@@ -9,7 +9,10 @@
   sequence (vLLM frees the blocks that leave the window);
 - linear attention (Qwen3-Next / Qwen3.5 gated delta-net): no per-token KV, a fixed state per sequence: the
   recurrent state (value heads × key dim × value dim) and the causal conv's last ``kernel − 1`` inputs, heads split
-  over TP.
+  over TP;
+- Mamba2 (Nemotron-H): likewise a fixed state per sequence, each head's SSM state (heads × head_dim × state_size,
+  fp32 as the config's ``mamba_ssm_cache_dtype`` says) and the conv's last ``kernel − 1`` inputs; MoE and MLP
+  blocks cache nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ class KvLayout:
     window: int
     """The sliding window (0: no such layers)."""
     state: int
-    """Fixed bytes per sequence of the linear-attention layers."""
+    """Fixed bytes per sequence of the linear-attention and Mamba2 layers."""
     kinds: dict[str, int]
-    """How many layers of each kind: ``full_attention``, ``mla``, ``sliding_attention``, ``linear_attention``."""
+    """How many layers of each kind: ``full_attention``, ``mla``, ``sliding_attention``, ``linear_attention``,
+    ``mamba``."""
 
     def sequence_bytes(self, length: int) -> int:
         """One sequence of ``length`` tokens."""
@@ -50,7 +54,15 @@ def kv_layout(m: ModelShape, b: int, tp: int) -> KvLayout:
     full = 2 * _heads(m.num_key_value_heads, tp) * m.head_dim * b
     for i in range(m.num_hidden_layers):
         kind = m.layer_type(i)
-        if kind == "linear_attention" and m.linear_attention is not None:
+        if not m.has_mixer(i):
+            continue
+        if kind == "mamba" and m.mamba is not None:
+            mb = m.mamba
+            heads = _heads(mb.num_heads, tp)
+            state += (
+                4 * heads * mb.head_dim * mb.state_size + b * (mb.conv_kernel - 1) * mb.conv_dim * heads // mb.num_heads
+            )
+        elif kind == "linear_attention" and m.linear_attention is not None:
             la = m.linear_attention
             nv = _heads(la.num_value_heads, tp)
             nk = _heads(la.num_key_heads, tp)

@@ -76,6 +76,8 @@ APPROXIMATED = {
     "whole on every TP rank) and its activations are priced as full attention of the config's widths",
     "linear_attention": "gated delta-net layers: their parameters are split over TP and their activations priced as "
     "full attention of the config's widths",
+    "mamba": "Mamba2 blocks (Nemotron-H): their parameters are split over TP and every block's activations priced "
+    "as a full decoder layer of the config's widths (an over-estimate)",
     "vision": "the vision tower: its parameters sit on the first pipeline stage, split over TP, and its activations "
     "are not priced",
 }
@@ -98,18 +100,20 @@ def layer_params(m: ModelShape, index: int, layout: ParallelLayout) -> tuple[int
     attn += h * getattr(m, "attention_out_bias", False) + m.num_attention_heads // tp * getattr(
         m, "attention_sinks", False
     )
-    if m.mla is not None or m.layer_type(index) == "linear_attention":  # APPROXIMATED: the mixer's own count over TP
-        attn = -(-m.attention_param_count(index) // tp)
+    if m.mla is not None or m.layer_type(index) in ("linear_attention", "mamba") or not m.has_mixer(index):
+        attn = -(-m.attention_param_count(index) // tp)  # APPROXIMATED: the mixer's own count over TP
     norms = getattr(m, "norms_per_layer", 2) * h
     moe = moe_of(m)
     if moe is None or not is_moe_layer(m, index):
+        if not m.has_mlp(index):  # a Nemotron-H mixer block
+            return norms + attn, 0
         bias = (2 * i // tp + h) if getattr(m, "mlp_bias", False) else 0
-        return norms + attn + 3 * h * i // tp + bias, 0
+        return norms + attn + (3 if m.gated_mlp else 2) * h * i // tp + bias, 0
     e, im = moe.num_experts, moe.moe_intermediate_size
-    one = 3 * h * im // layout.etp + ((2 * im // layout.etp + h) if moe.expert_bias else 0)
+    one = moe.projections * h * im // layout.etp + ((2 * im // layout.etp + h) if moe.expert_bias else 0)
     experts = (e // layout.ep) * one
     router = e * h + e * moe.router_bias
-    shared = 3 * h * moe.shared_expert_intermediate_size // tp + h * moe.shared_expert_gate
+    shared = moe.projections * h * moe.shared_expert_intermediate_size // tp + h * moe.shared_expert_gate
     return norms + attn + router + shared + experts, experts
 
 
@@ -119,13 +123,13 @@ def stage_params(m: ModelShape, layout: ParallelLayout, stage: int, value_head: 
     norm and output layer V·H/TP on the last (tied with PP = 1: shared; tied with PP > 1: a copy), or the critic's
     value head H."""
     total = experts = 0
-    kinds: dict[bool, tuple[int, int]] = {}  # every dense (MoE) layer has the same parameters
+    kinds: dict[tuple[bool, str], tuple[int, int]] = {}  # the layers of one kind have the same parameters
     for chunk in stage_layers(m, layout, stage):
         for index in chunk:
-            sparse = is_moe_layer(m, index)
-            if sparse not in kinds:
-                kinds[sparse] = layer_params(m, index, layout)
-            a, e = kinds[sparse]
+            kind = (is_moe_layer(m, index), m.layer_type(index))
+            if kind not in kinds:
+                kinds[kind] = layer_params(m, index, layout)
+            a, e = kinds[kind]
             total, experts = total + a, experts + e
     vp = -(-m.vocab_size // layout.tp) * m.hidden_size
     if stage == 0:

@@ -17,7 +17,12 @@ def model_info(m: ModelShape) -> dict[str, object]:
     if m.is_moe:
         out = {"total_params": m.param_count(), "active_params": m.active_param_count()}
     kinds = {m.layer_type(i) for i in range(m.num_hidden_layers)} - {"full_attention"}
-    if m.mla is not None or kinds:  # the KV cache is per kind (generate); the training passes are not
+    if m.block_pattern:
+        out["not_modelled"] = (
+            "each block (a Mamba2 mixer, attention or the MoE alone) is priced as a full decoder layer: attention of "
+            "the config's widths and the MoE (an over-estimate; the Mamba2 kernels' tensors are not modelled or traced)"
+        )
+    elif m.mla is not None or kinds:  # the KV cache is per kind (generate); the training passes are not
         mixers = ", ".join(sorted(kinds | ({"MLA"} if m.mla is not None else set())))
         out["not_modelled"] = (
             f"the training passes price the {mixers} layers' activations as full attention of the config's widths "

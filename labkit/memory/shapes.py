@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.memory.shapes_hf import TEXT_TYPES, shape_fields
-from labkit.memory.shapes_parts import LinearAttentionShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ARCHITECTURES = tuple(sorted(TEXT_TYPES - {"gemma3"} | {"gemma3_text"}))
@@ -78,9 +78,12 @@ class ModelShape:
     """RMSNorms of H per decoder layer: 2 (input, post-attention); Gemma 2/3: 4 (pre/post attention and MLP)."""
     mlp_bias: bool = False
     """The dense MLP's projections carry biases."""
+    gated_mlp: bool = True
+    """The dense MLP is gated (gate, up, down: 3·H·I); Nemotron-H's is up and down only (2·H·I)."""
     layer_types: tuple[str, ...] = ()
     """Per layer ``full_attention`` | ``sliding_attention`` | ``linear_attention``; empty: all full attention.
-    Sliding layers have the same parameters as full ones (only the KV they keep differs)."""
+    Sliding layers have the same parameters as full ones (only the KV they keep differs). Nemotron-H's blocks
+    (``block_pattern``) are one of ``mamba`` | ``full_attention`` | ``moe`` | ``mlp`` each."""
     sliding_window: int = 0
     """Tokens a sliding-attention layer sees (0: none)."""
     moe: MoeShape | None = None
@@ -89,6 +92,8 @@ class ModelShape:
     """DeepSeek multi-head latent attention (None: standard q/k/v/o attention)."""
     linear_attention: LinearAttentionShape | None = None
     """The gated delta-net of ``linear_attention`` layers (Qwen3-Next, Qwen3.5)."""
+    mamba: MambaShape | None = None
+    """The Mamba2 mixer of ``mamba`` blocks (Nemotron-H)."""
     vision: VisionShape | None = None
     """The vision tower + merger of a VL model (None: text only)."""
     mtp_layers: int = 0
@@ -104,8 +109,22 @@ class ModelShape:
         return self.moe is not None
 
     def layer_type(self, index: int) -> str:
-        """Layer ``index``'s token mixer: ``full_attention`` | ``sliding_attention`` | ``linear_attention``."""
+        """Layer ``index``'s token mixer: ``full_attention`` | ``sliding_attention`` | ``linear_attention``, or a
+        Nemotron-H block's kind."""
         return self.layer_types[index] if self.layer_types else "full_attention"
+
+    @property
+    def block_pattern(self) -> bool:
+        """Nemotron-H: each layer (block) holds one token mixer or one MLP, with one norm, not both."""
+        return "moe" in self.layer_types or "mlp" in self.layer_types
+
+    def has_mixer(self, index: int) -> bool:
+        """Layer ``index`` has a token mixer (every layer, except a block-pattern model's MLP blocks)."""
+        return not self.block_pattern or self.layer_type(index) in ("mamba", "full_attention")
+
+    def has_mlp(self, index: int) -> bool:
+        """Layer ``index`` has an MLP or a MoE block (every layer, except a block-pattern model's mixer blocks)."""
+        return not self.block_pattern or self.layer_type(index) in ("moe", "mlp")
 
     def is_moe_layer(self, index: int) -> bool:
         """Layer ``index`` (0-based) holds the sparse MLP (``MoeShape.is_moe_layer``); False for dense models."""
@@ -129,6 +148,10 @@ class ModelShape:
         """Layer ``index``'s token mixer: gated delta-net (linear layers), MLA, or q/k/v/o with their biases, q/k
         norms (head_dim each), the output gate's extra q rows and gpt-oss's sinks."""
         h = self.hidden_size
+        if not self.has_mixer(index):
+            return 0
+        if self.layer_type(index) == "mamba" and self.mamba is not None:
+            return self.mamba.param_count(h)
         if self.layer_type(index) == "linear_attention" and self.linear_attention is not None:
             return self.linear_attention.param_count(h)
         if self.mla is not None:
@@ -142,12 +165,14 @@ class ModelShape:
         return n + (self.num_attention_heads if self.attention_sinks else 0)
 
     def dense_mlp_param_count(self) -> int:
-        """The dense gated MLP: 3·H·I (+ 2·I + H biases when ``mlp_bias``)."""
+        """The dense MLP: 3·H·I gated, else 2·H·I (+ 2·I + H biases when ``mlp_bias``)."""
         h, i = self.hidden_size, self.intermediate_size
-        return 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        return (3 if self.gated_mlp else 2) * h * i + ((2 * i + h) if self.mlp_bias else 0)
 
     def mlp_param_count(self, index: int) -> int:
         """Layer ``index``'s MLP: the whole sparse block (router + all experts + shared) on MoE layers, else dense."""
+        if not self.has_mlp(index):
+            return 0
         if self.moe is not None and self.moe.is_moe_layer(index):
             return self.moe.block_param_count(self.hidden_size)
         return self.dense_mlp_param_count()
@@ -234,7 +259,7 @@ class ModelShape:
     def _first(self, moe: bool) -> int:
         """The first full/sliding-attention layer that is (not) MoE, else layer 0."""
         for i in range(self.num_hidden_layers):
-            if self.is_moe_layer(i) == moe and self.layer_type(i) != "linear_attention":
+            if self.is_moe_layer(i) == moe and self.layer_type(i) not in ("linear_attention", "mamba"):
                 return i
         return 0
 

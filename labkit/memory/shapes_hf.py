@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.memory.shapes_parts import LinearAttentionShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
 
 QKV_BIAS = {"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_moe", "mimo", "glm4", "glm4_moe", "glm4v"}
 """model_types whose q/k/v projections always carry biases (their config has no switch, or defaults it on)."""
-QK_NORM = {"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3_text"}
+QK_NORM = {
+    "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma3_text", "hy_v3",
+}  # fmt: skip
 """model_types with per-head q/k RMSNorm."""
 FOUR_NORMS = {"gemma2", "gemma3_text", "glm4", "glm4v"}
 """Decoder layers with four RMSNorms (Gemma 2/3: pre/post attention and MLP; GLM-4: post self-attn and post MLP)."""
@@ -23,7 +25,7 @@ HYBRID = {"qwen3_next", "qwen3_5", "qwen3_5_moe"}
 TEXT_TYPES = {
     "qwen2", "qwen3", "llama", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe",
     "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "gpt_oss", "seed_oss", "mimo",
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "glm4v",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "glm4v", "hy_v3", "nemotron_h",
 }  # fmt: skip
 """The ``model_type`` values this parser reads (VL ones through their ``text_config`` and ``vision_config``)."""
 
@@ -51,26 +53,48 @@ def _moe(t: str, c: dict[str, Any]) -> MoeShape | None:
             router_bias=t == "gpt_oss",
             expert_bias=t == "gpt_oss",
         )
-    shared = int(c.get("shared_expert_intermediate_size") or 0)
-    if c.get("n_shared_experts"):
-        shared = int(c["n_shared_experts"]) * int(c["moe_intermediate_size"])
+    shared = int(c.get("shared_expert_intermediate_size") or c.get("moe_shared_expert_intermediate_size") or 0)
+    if t != "nemotron_h" and (c.get("n_shared_experts") or c.get("num_shared_experts")):  # DeepSeek/GLM; Hy3
+        shared = int(c.get("n_shared_experts") or c["num_shared_experts"]) * int(c["moe_intermediate_size"])
+    dense = [int(i) for i in c.get("mlp_only_layers") or ()]
+    if t == "hy_v3":  # HYV3Config: mlp_layer_types, by default the first layer dense
+        kinds = c.get("mlp_layer_types") or ["dense"] + ["sparse"] * (int(c["num_hidden_layers"]) - 1)
+        dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
+    if t == "nemotron_h":  # only its E blocks are MoE
+        dense = [i for i, kind in enumerate(_nemotron_blocks(c)) if kind != "moe"]
+        if c.get("moe_latent_size"):
+            raise ValueError("a Nemotron-H MoE with a latent projection (moe_latent_size)")
     return MoeShape(
         num_experts=int(experts),
         num_experts_per_tok=int(top_k),
         moe_intermediate_size=int(c["moe_intermediate_size"]),
         shared_expert_intermediate_size=shared,
         shared_expert_gate=t in ("qwen2_moe", "qwen3_next", "qwen3_5_moe") and shared > 0,
-        router_score_bias=t in ("deepseek_v3", "glm4_moe"),
+        router_score_bias=t in ("deepseek_v3", "glm4_moe", "hy_v3", "nemotron_h"),
         first_k_dense_replace=int(c.get("first_k_dense_replace") or 0),
         decoder_sparse_step=int(c.get("decoder_sparse_step") or c.get("moe_layer_freq") or 1),
-        mlp_only_layers=tuple(int(i) for i in c.get("mlp_only_layers") or ()),
+        mlp_only_layers=tuple(dense),
+        gated=t != "nemotron_h",
     )
+
+
+NEMOTRON_BLOCKS = {"M": "mamba", "E": "moe", "*": "full_attention", "-": "mlp", "linear_attention": "mamba"}
+"""Nemotron-H's block kinds: ``hybrid_override_pattern`` characters, or ``layers_block_type`` names (transformers
+calls the Mamba2 blocks ``linear_attention``), in labkit's names."""
+
+
+def _nemotron_blocks(c: dict[str, Any]) -> list[str]:
+    """Nemotron-H's blocks in order (``NemotronHConfig``: ``layers_block_type``, else the pattern string)."""
+    kinds = c.get("layers_block_type") or c.get("layer_types") or list(str(c.get("hybrid_override_pattern", "")))
+    return [NEMOTRON_BLOCKS.get(str(k), str(k)) for k in kinds]
 
 
 def _layer_types(t: str, c: dict[str, Any], layers: int) -> tuple[str, ...]:
     """Per-layer token mixers: the config's ``layer_types``, else the rule its transformers config class applies
     (Qwen3-Next/3.5 ``full_attention_interval``; Gemma 2 alternates sliding/full; Gemma 3 ``sliding_window_pattern``
     (5 sliding, 1 full); Mistral with a ``sliding_window`` slides everywhere). All-full reads as ``()``."""
+    if t == "nemotron_h":
+        return tuple(_nemotron_blocks(c))
     if c.get("layer_types"):
         types = tuple(str(x) for x in c["layer_types"])[:layers]
     elif t in HYBRID:
@@ -130,7 +154,8 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
     if outer not in TEXT_TYPES:
         raise ValueError(f"model_type {config.get('model_type')!r}")
     t, c = _text(config)
-    heads, hidden, layers = int(c["num_attention_heads"]), int(c["hidden_size"]), int(c["num_hidden_layers"])
+    heads, hidden = int(c["num_attention_heads"]), int(c["hidden_size"])
+    layers = len(_nemotron_blocks(c)) if t == "nemotron_h" else int(c["num_hidden_layers"])
     mla = None
     if t in MLA:
         mla = MlaShape(
@@ -142,6 +167,13 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
         linear = LinearAttentionShape(
             int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"]), int(c["linear_key_head_dim"]),
             int(c["linear_value_head_dim"]), int(c.get("linear_conv_kernel_dim") or 4),
+        )  # fmt: skip
+    mamba = None
+    if t == "nemotron_h":
+        mamba = MambaShape(
+            int(c["mamba_num_heads"]), int(c["mamba_head_dim"]), int(c["ssm_state_size"]),
+            int(c.get("n_groups") or c.get("mamba_n_groups") or 8), int(c.get("conv_kernel") or c.get("mamba_d_conv") or 4),
+            conv_bias=bool(c.get("use_conv_bias", c.get("mamba_conv_bias", True))), proj_bias=bool(c.get("use_bias", False)),
         )  # fmt: skip
     if t in QKV_BIAS and (t.startswith("qwen2") or t == "mimo" or "attention_bias" not in c):
         bias = c.get("qkv_bias", True) is not False  # Qwen2 configs have no switch: always biased
@@ -166,13 +198,15 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
         attention_out_bias=out_bias,
         attention_output_gate=t in HYBRID,
         attention_sinks=t == "gpt_oss",
-        norms_per_layer=4 if t in FOUR_NORMS else 2,
+        norms_per_layer=4 if t in FOUR_NORMS else 1 if t == "nemotron_h" else 2,
         mlp_bias=bool(c.get("mlp_bias", False)),
+        gated_mlp=t != "nemotron_h",
         layer_types=_layer_types(t, c, layers),
         sliding_window=int(c.get("sliding_window") or 0) if c.get("use_sliding_window", True) else 0,
         moe=_moe(t, c),
         mla=mla,
         linear_attention=linear,
+        mamba=mamba,
         vision=_vision(outer, config.get("vision_config"), hidden),
         mtp_layers=int(c.get("num_nextn_predict_layers") or c.get("mtp_num_hidden_layers") or 0),
         mtp_stores_embedding=t in ("deepseek_v3", "glm4_moe"),

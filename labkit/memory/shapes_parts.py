@@ -1,9 +1,10 @@
 """The optional parts of a ``ModelShape``: a mixture-of-experts MLP, DeepSeek's multi-head latent attention, the gated
-delta-net (linear attention) layers of Qwen3-Next / Qwen3.5, and a vision tower with its merger.
+delta-net (linear attention) layers of Qwen3-Next / Qwen3.5, Nemotron-H's Mamba2 mixer, and a vision tower with its
+merger.
 
 Each part counts its own parameters the way the Hugging Face modules hold them (transformers 5.x:
 ``Qwen2MoeSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock``, ``DeepseekV3MoE``, ``GptOssMLP``, ``MixtralSparseMoeBlock``,
-``DeepseekV3Attention``, ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``, ``Qwen2VisionTransformerPretrainedModel``,
+``DeepseekV3Attention``, ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``, ``NemotronHMamba2Mixer``, ``Qwen2VisionTransformerPretrainedModel``,
 ``Qwen2_5_VisionTransformerPretrainedModel``, ``Qwen3VLVisionModel``, ``SiglipVisionModel`` + ``Gemma3MultiModalProjector``);
 tests/test_shapes.py checks every count against those modules built on the meta device.
 """
@@ -40,7 +41,14 @@ class MoeShape:
     decoder_sparse_step: int = 1
     """Qwen2/3-MoE: layer i is MoE when (i + 1) % step == 0."""
     mlp_only_layers: tuple[int, ...] = ()
-    """Qwen2/3-MoE: layer indices forced dense."""
+    """Qwen2/3-MoE: layer indices forced dense (Hy3: its ``dense`` layers; Nemotron-H: every block but its MoE ones)."""
+    gated: bool = True
+    """Experts and shared expert are gated MLPs (gate, up, down); Nemotron-H's are up and down only (squared ReLU)."""
+
+    @property
+    def projections(self) -> int:
+        """Weight matrices per expert: 3 gated, 2 not."""
+        return 3 if self.gated else 2
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (0-based) holds this sparse MLP (else the dense one, ``intermediate_size``):
@@ -55,7 +63,7 @@ class MoeShape:
     def expert_param_count(self, hidden: int) -> int:
         """One routed expert: gate, up and down projections 3·H·I (+ 2·I + H biases for gpt-oss)."""
         i = self.moe_intermediate_size
-        return 3 * hidden * i + ((2 * i + hidden) if self.expert_bias else 0)
+        return self.projections * hidden * i + ((2 * i + hidden) if self.expert_bias else 0)
 
     def router_param_count(self, hidden: int) -> int:
         """The router (gate) ``Linear(H, E)``, its bias (gpt-oss) and DeepSeek-V3's score-correction bias."""
@@ -64,7 +72,8 @@ class MoeShape:
 
     def shared_param_count(self, hidden: int) -> int:
         """The shared expert(s): a gated MLP of the total shared width, plus Qwen's ``Linear(H, 1)`` gate."""
-        return 3 * hidden * self.shared_expert_intermediate_size + (hidden if self.shared_expert_gate else 0)
+        shared = self.projections * hidden * self.shared_expert_intermediate_size
+        return shared + (hidden if self.shared_expert_gate else 0)
 
     def block_param_count(self, hidden: int) -> int:
         """The whole sparse MLP of one layer: router + all routed experts + shared expert(s)."""
@@ -143,6 +152,47 @@ class LinearAttentionShape:
             + (self.value_head_dim)
             + v * hidden
         )
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """The Mamba2 mixer of Nemotron-H's ``M`` blocks (``NemotronHMamba2Mixer``): no KV cache, a fixed state per
+    sequence (each head's ``state_size``-wide SSM state and the causal conv's last ``conv_kernel - 1`` inputs)."""
+
+    num_heads: int
+    """``mamba_num_heads``."""
+    head_dim: int
+    """``mamba_head_dim``: the inner width is heads × head_dim."""
+    state_size: int
+    """``ssm_state_size``."""
+    n_groups: int
+    """``n_groups``: B and C are shared within each group of heads."""
+    conv_kernel: int
+    """``conv_kernel``: the depthwise causal conv over x, B and C."""
+    conv_bias: bool = True
+    """``use_conv_bias``."""
+    proj_bias: bool = False
+    """``use_bias``: biases on in_proj and out_proj."""
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: x (inner) and the groups' B and C."""
+        return self.inner + 2 * self.n_groups * self.state_size
+
+    def param_count(self, hidden: int) -> int:
+        """``in_proj`` H·(inner + conv_dim + heads) (z, x/B/C, dt), the depthwise conv conv_dim·kernel (+ bias),
+        ``dt_bias``, ``A_log`` and ``D`` per head, the gated RMSNorm inner, ``out_proj`` inner·H."""
+        d, c = self.inner, self.conv_dim
+        projections = (
+            hidden * (d + c + self.num_heads)
+            + d * hidden
+            + ((d + c + self.num_heads + hidden) if self.proj_bias else 0)
+        )
+        return projections + c * self.conv_kernel + (c if self.conv_bias else 0) + 3 * self.num_heads + d
 
 
 VISION_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "siglip", "glm4v")

@@ -253,7 +253,7 @@ def moe_saved_bytes(m: ModelShape, tokens: int, b: int) -> int:
     if m.moe is None:
         return 0
     h, e, k, i = m.hidden_size, m.moe.num_experts, m.moe.num_experts_per_tok, m.moe.moe_intermediate_size
-    routed = k * b * (2 * h + 4 * i) + 24 * k
+    routed = k * b * (2 * h + (4 if m.moe.gated else 2) * i) + 24 * k  # Nemotron-H: up and its activation
     return tokens * (e * (b + 4) + routed) + moe_shared_bytes(m, tokens, b, saved=True)
 
 
@@ -262,8 +262,8 @@ def moe_shared_bytes(m: ModelShape, tokens: int, b: int, saved: bool) -> int:
     its working set (gate, up and their product, then its output); saved: gate, up, activation and product."""
     if m.moe is None or not m.moe.shared_expert_intermediate_size:
         return 0
-    i = m.moe.shared_expert_intermediate_size
-    return tokens * b * ((4 * i if saved else 3 * i) + m.hidden_size)
+    i, gated = m.moe.shared_expert_intermediate_size, m.moe.gated
+    return tokens * b * (((4 if gated else 2) * i if saved else (3 if gated else 2) * i) + m.hidden_size)
 
 
 def _qk_norm_saved(m: ModelShape, tokens: int, b: int) -> int:

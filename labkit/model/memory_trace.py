@@ -2,8 +2,9 @@
 op by op, without a GPU and without memory (seconds for a 7B model at 16k tokens on 2 cores).
 
 The Hugging Face decoder (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``, the MoE decoders
-``Qwen2MoeForCausalLM`` / ``Qwen3MoeForCausalLM`` with transformers' default grouped_mm experts; configs from
-``labkit.model.trace_config``) is built from the shape's config in bf16 on fake ``cuda``
+``Qwen2MoeForCausalLM`` / ``Qwen3MoeForCausalLM`` with transformers' default grouped_mm experts, or a Qwen2-VL /
+Qwen2.5-VL / Qwen3-VL model with its vision tower fed one image a sequence (``labkit.model.trace_vision``); configs
+from ``labkit.model.trace_config``) is built from the shape's config in bf16 on fake ``cuda``
 (``labkit.model.fake_cuda``), fed one packed row as ``use_remove_padding``
 packs it (verl's ``_forward_micro_batch``: ``input_ids`` (1, T) and ``position_ids`` restarting per sequence),
 with attention through PyTorch's copy of the flash-attention varlen kernel (``aten._flash_attention_forward``), under

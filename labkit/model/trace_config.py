@@ -9,7 +9,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from labkit.memory.shapes import ModelShape
-from labkit.memory.shapes_parts import LinearAttentionShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
 
 VL_TRACEABLE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 """VL model_types the tracer builds (``Qwen2VLForConditionalGeneration`` ... ``Qwen3VLMoeForConditionalGeneration``:
@@ -17,7 +17,13 @@ the vision tower, its merger and the decoder; ``labkit.model.trace_vision`` feed
 TRACEABLE = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe", *VL_TRACEABLE)
 """model_types the tracer builds (their HF modules run on fake tensors: the MoE experts through transformers'
 default ``grouped_mm`` implementation, whose shapes do not depend on the routing)."""
-_PARTS = {"moe": MoeShape, "mla": MlaShape, "linear_attention": LinearAttentionShape, "vision": VisionShape}
+_PARTS = {
+    "moe": MoeShape,
+    "mla": MlaShape,
+    "linear_attention": LinearAttentionShape,
+    "mamba": MambaShape,
+    "vision": VisionShape,
+}
 
 
 def shape_from_dict(d: dict[str, Any]) -> ModelShape:
