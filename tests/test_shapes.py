@@ -159,12 +159,12 @@ def nominal_number(label):
 MOE = [n for n in MODELS if "published_active_params" in MODELS[n]]
 
 
-def _floor_to_label(count: int, label: str) -> str:
-    """``count`` truncated to the digits of ``label`` (``37.55e9``, ``"37B"`` -> ``"37B"``)."""
+def _floor_to_label(count: int, label: str, rounding=math.floor) -> str:
+    """``count`` truncated (or rounded) to the digits of ``label`` (``37.55e9``, ``"37B"`` -> ``"37B"``)."""
     number = re.match(r"[0-9.]+", label).group()
     decimals = len(number.split(".")[1]) if "." in number else 0
     unit = {"B": 1e9, "M": 1e6}[label[len(number)]]
-    value = math.floor(count / unit * 10**decimals) / 10**decimals
+    value = rounding(count / unit * 10**decimals) / 10**decimals
     return f"{value:.{decimals}f}{label[len(number)]}"
 
 
@@ -175,8 +175,10 @@ def test_active_params_match_the_published_figure(name):
     if e["published_active_convention"] == "without_input_embedding":
         count -= s.embedding_param_count()
     published, how = e["published_active_params"], e["published_active_match"]
-    if how == "label_floor":
-        assert _floor_to_label(count, e["published_active_params_label"]) == e["published_active_params_label"], count
+    if how in ("label_floor", "label_round"):  # the label is the count truncated (or rounded) to its digits
+        rounding = math.floor if how == "label_floor" else round
+        label = e["published_active_params_label"]
+        assert _floor_to_label(count, label, rounding) == label, count
     else:
         assert abs(count - published) / published <= (0.10 if how == "nameplate" else 0.01), (name, count)
 
@@ -273,7 +275,10 @@ def test_launch_script_models_are_catalogued():
                  "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL-235B-A22B-Instruct", "Qwen/Qwen3.5-35B-A3B",
                  "Qwen/Qwen3.5-122B-A10B", "Qwen/Qwen3.5-397B-A17B", "Qwen3.5-27B", "zai-org/GLM-4.1V-9B-Thinking",
                  "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-0.6B",
-                 "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-32B"):  # fmt: skip
+                 "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-32B", "tencent/Hy3",
+                 "tencent/Hy3-preview", "deepseek-ai/DeepSeek-V4-Flash", "deepseek-ai/DeepSeek-V4-Flash-Base",
+                 "/models/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "Qwen/Qwen3.5-2B", "Qwen/Qwen3.5-4B-Base",
+                 "Qwen/Qwen3.5-0.8B"):  # fmt: skip
         from labkit.memory.model_source import known_shape
 
         assert known_shape(name) is not None, name
@@ -290,6 +295,36 @@ def test_qwen3_5_equals_its_safetensors_total_size_with_mtp(name):
     fp32 = s.layer_types.count("linear_attention") * (la.num_value_heads + la.value_head_dim)
     assert 2 * (s.param_count() + s.mtp_param_count()) + 2 * fp32 == e["checkpoint_total_size_bytes"]
     assert s.mtp_layers == 1 and s.vision.kind == "qwen3_vl" and s.vision.deepstack_layers == 0
+
+
+def test_hy3_with_mtp_equals_its_safetensors_total_size():
+    """tencent/Hy3's index total_size: bf16 tensors, and each MoE layer's expert bias (MTP's too) in fp32, which the
+    count holds as the router's score-correction bias: an exact check of the dense first layer, the shared expert,
+    the q/k norms and the MTP layer."""
+    e, s = MODELS["Hy3"], model_shape("Hy3")
+    fp32 = (s.num_moe_layers + s.mtp_layers) * s.moe.num_experts
+    assert 2 * (s.param_count() + s.mtp_param_count()) + 2 * fp32 == e["checkpoint_total_size_bytes"]
+    assert s.num_moe_layers == 79 and not s.is_moe_layer(0) and s.qk_norm
+
+
+def test_new_architectures_by_hand():
+    """Nemotron-H: blocks of one mixer or one MoE each, non-gated experts, Mamba2 mixers; DeepSeek-V4: compressed
+    attention kinds, hash-routed layers without a score bias, the hyper-connection head."""
+    nano = model_shape("Nemotron-3-Nano-30B-A3B")
+    kinds = [nano.layer_type(i) for i in range(nano.num_hidden_layers)]
+    assert (kinds.count("mamba"), kinds.count("moe"), kinds.count("full_attention")) == (23, 23, 6)
+    assert nano.block_pattern and nano.norms_per_layer == 1 and nano.num_moe_layers == 23
+    assert nano.expert_param_count() == 2 * 2688 * 1856 and nano.mlp_param_count(0) == 0
+    assert nano.attention_param_count(1) == 0 and nano.attention_param_count(0) == nano.mamba.param_count(2688)
+    assert nano.mamba.conv_dim == 6144 and nano.layer_param_counts()[0] == 38_744_896
+    v4 = model_shape("DeepSeek-V4-Flash")
+    assert v4.num_moe_layers == 43 and v4.moe.hash_layers == 3 and v4.mtp_layers == 1
+    assert v4.mlp_param_count(3) - v4.mlp_param_count(2) == 256  # the learned router's score-correction bias
+    per_kind = {v4.layer_type(i): v4.attention_param_count(i) for i in range(4)}
+    hc = 2 * v4.compressed_attention.hc_param_count(4096)
+    assert per_kind["sliding_attention"] - hc == 106_956_352
+    assert per_kind["compressed_sparse_attention"] - per_kind["sliding_attention"] == 8_393_216 + 10_749_056
+    assert per_kind["heavily_compressed_attention"] - per_kind["sliding_attention"] == 4_260_352
 
 
 def test_deepseek_v3_with_mtp_is_the_685b_on_hugging_face():

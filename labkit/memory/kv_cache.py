@@ -12,7 +12,10 @@
   over TP;
 - Mamba2 (Nemotron-H): likewise a fixed state per sequence, each head's SSM state (heads × head_dim × state_size,
   fp32 as the config's ``mamba_ssm_cache_dtype`` says) and the conv's last ``kernel − 1`` inputs; MoE and MLP
-  blocks cache nothing.
+  blocks cache nothing;
+- DeepSeek-V4: one shared K/V head of ``head_dim`` in every layer's 128-token sliding window, and on a compressed
+  layer one entry per ``rate`` tokens (CSA: ``head_dim`` plus the indexer's ``index_head_dim`` every 4 tokens; HCA:
+  ``head_dim`` every 128), the same on every TP rank.
 """
 
 from __future__ import annotations
@@ -56,7 +59,14 @@ def kv_layout(m: ModelShape, b: int, tp: int) -> KvLayout:
         kind = m.layer_type(i)
         if not m.has_mixer(i):
             continue
-        if kind == "mamba" and m.mamba is not None:
+        if m.compressed_attention is not None:
+            ca = m.compressed_attention
+            window_per_token += m.head_dim * b
+            if kind == "compressed_sparse_attention":
+                per_token += b * (m.head_dim + ca.index_head_dim) // ca.csa_rate
+            elif kind == "heavily_compressed_attention":
+                per_token += b * m.head_dim // ca.hca_rate
+        elif kind == "mamba" and m.mamba is not None:
             mb = m.mamba
             heads = _heads(mb.num_heads, tp)
             state += (

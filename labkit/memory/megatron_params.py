@@ -76,6 +76,8 @@ APPROXIMATED = {
     "whole on every TP rank) and its activations are priced as full attention of the config's widths",
     "linear_attention": "gated delta-net layers: their parameters are split over TP and their activations priced as "
     "full attention of the config's widths",
+    "compressed_attention": "DeepSeek-V4's compressed attention and hyper-connections: their parameters are split "
+    "over TP and their activations priced as full attention of the config's widths with one residual stream",
     "mamba": "Mamba2 blocks (Nemotron-H): their parameters are split over TP and every block's activations priced "
     "as a full decoder layer of the config's widths (an over-estimate)",
     "vision": "the vision tower: its parameters sit on the first pipeline stage, split over TP, and its activations "
@@ -100,7 +102,8 @@ def layer_params(m: ModelShape, index: int, layout: ParallelLayout) -> tuple[int
     attn += h * getattr(m, "attention_out_bias", False) + m.num_attention_heads // tp * getattr(
         m, "attention_sinks", False
     )
-    if m.mla is not None or m.layer_type(index) in ("linear_attention", "mamba") or not m.has_mixer(index):
+    special = m.mla is not None or m.compressed_attention is not None
+    if special or m.layer_type(index) in ("linear_attention", "mamba") or not m.has_mixer(index):
         attn = -(-m.attention_param_count(index) // tp)  # APPROXIMATED: the mixer's own count over TP
     norms = getattr(m, "norms_per_layer", 2) * h
     moe = moe_of(m)

@@ -24,9 +24,10 @@ def model_info(m: ModelShape) -> dict[str, object]:
         )
     elif m.mla is not None or kinds:  # the KV cache is per kind (generate); the training passes are not
         mixers = ", ".join(sorted(kinds | ({"MLA"} if m.mla is not None else set())))
+        streams = " with one residual stream (not its four hyper-connection streams)" if m.compressed_attention else ""
         out["not_modelled"] = (
-            f"the training passes price the {mixers} layers' activations as full attention of the config's widths "
-            "(their own kernels' tensors are not modelled or traced)"
+            f"the training passes price the {mixers} layers' activations as full attention of the config's widths"
+            f"{streams} (their own kernels' tensors are not modelled or traced)"
         )
     return out
 

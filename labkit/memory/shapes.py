@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from labkit.memory.shapes_hf import TEXT_TYPES, shape_fields
-from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_parts import (
+    LinearAttentionShape,
+    MambaShape,
+    MlaShape,
+    MoeShape,
+    V4AttentionShape,
+    VisionShape,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ARCHITECTURES = tuple(sorted(TEXT_TYPES - {"gemma3"} | {"gemma3_text"}))
@@ -94,6 +101,8 @@ class ModelShape:
     """The gated delta-net of ``linear_attention`` layers (Qwen3-Next, Qwen3.5)."""
     mamba: MambaShape | None = None
     """The Mamba2 mixer of ``mamba`` blocks (Nemotron-H)."""
+    compressed_attention: V4AttentionShape | None = None
+    """DeepSeek-V4's attention (sliding window, CSA and HCA layers) and its hyper-connections."""
     vision: VisionShape | None = None
     """The vision tower + merger of a VL model (None: text only)."""
     mtp_layers: int = 0
@@ -152,6 +161,10 @@ class ModelShape:
             return 0
         if self.layer_type(index) == "mamba" and self.mamba is not None:
             return self.mamba.param_count(h)
+        if self.compressed_attention is not None:
+            return self.compressed_attention.param_count(
+                h, self.num_attention_heads, self.head_dim, self.layer_type(index)
+            )
         if self.layer_type(index) == "linear_attention" and self.linear_attention is not None:
             return self.linear_attention.param_count(h)
         if self.mla is not None:
@@ -174,7 +187,8 @@ class ModelShape:
         if not self.has_mlp(index):
             return 0
         if self.moe is not None and self.moe.is_moe_layer(index):
-            return self.moe.block_param_count(self.hidden_size)
+            hashed = self.moe.router_score_bias and index < self.moe.hash_layers  # a table, not a bias, picks
+            return self.moe.block_param_count(self.hidden_size) - (self.moe.num_experts if hashed else 0)
         return self.dense_mlp_param_count()
 
     def layer_param_counts(self) -> list[int]:
@@ -218,12 +232,15 @@ class ModelShape:
         return self.vision.param_count() if self.vision is not None else 0
 
     def text_param_count(self) -> int:
-        """The language model alone: embedding + LM head (unless tied) + all decoder layers + the final norm H."""
+        """The language model alone: embedding + LM head (unless tied) + all decoder layers + the final norm H
+        (+ DeepSeek-V4's hyper-connection head)."""
+        v4 = self.compressed_attention.head_param_count(self.hidden_size) if self.compressed_attention else 0
         return (
             self.embedding_param_count()
             + self.lm_head_param_count()
             + sum(self.layer_param_counts())
             + self.hidden_size
+            + v4
         )
 
     def param_count(self) -> int:

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_parts import (
+    V4_COMPRESSED,
+    LinearAttentionShape,
+    MambaShape,
+    MlaShape,
+    MoeShape,
+    V4AttentionShape,
+    VisionShape,
+)
 
 QKV_BIAS = {"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_moe", "mimo", "glm4", "glm4_moe", "glm4v"}
 """model_types whose q/k/v projections always carry biases (their config has no switch, or defaults it on)."""
@@ -26,6 +34,7 @@ TEXT_TYPES = {
     "qwen2", "qwen3", "llama", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe",
     "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "gpt_oss", "seed_oss", "mimo",
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "glm4v", "hy_v3", "nemotron_h",
+    "deepseek_v4",
 }  # fmt: skip
 """The ``model_type`` values this parser reads (VL ones through their ``text_config`` and ``vision_config``)."""
 
@@ -70,11 +79,12 @@ def _moe(t: str, c: dict[str, Any]) -> MoeShape | None:
         moe_intermediate_size=int(c["moe_intermediate_size"]),
         shared_expert_intermediate_size=shared,
         shared_expert_gate=t in ("qwen2_moe", "qwen3_next", "qwen3_5_moe") and shared > 0,
-        router_score_bias=t in ("deepseek_v3", "glm4_moe", "hy_v3", "nemotron_h"),
+        router_score_bias=t in ("deepseek_v3", "glm4_moe", "hy_v3", "nemotron_h", "deepseek_v4"),
         first_k_dense_replace=int(c.get("first_k_dense_replace") or 0),
         decoder_sparse_step=int(c.get("decoder_sparse_step") or c.get("moe_layer_freq") or 1),
         mlp_only_layers=tuple(dense),
         gated=t != "nemotron_h",
+        hash_layers=_hash_layers(c) if t == "deepseek_v4" else 0,
     )
 
 
@@ -89,12 +99,24 @@ def _nemotron_blocks(c: dict[str, Any]) -> list[str]:
     return [NEMOTRON_BLOCKS.get(str(k), str(k)) for k in kinds]
 
 
+V4_RATES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+"""DeepSeek-V4's ``compress_ratios`` values and the layer kinds ``DeepseekV4Config`` makes of them."""
+
+
+def _hash_layers(c: dict[str, Any]) -> int:
+    """DeepSeek-V4's hash-routed MoE layers: ``num_hash_layers`` (or ``mlp_layer_types``' ``hash_moe``; 3 by default)."""
+    kinds = c.get("mlp_layer_types")
+    return kinds.count("hash_moe") if kinds else int(c.get("num_hash_layers", 3))
+
+
 def _layer_types(t: str, c: dict[str, Any], layers: int) -> tuple[str, ...]:
     """Per-layer token mixers: the config's ``layer_types``, else the rule its transformers config class applies
     (Qwen3-Next/3.5 ``full_attention_interval``; Gemma 2 alternates sliding/full; Gemma 3 ``sliding_window_pattern``
     (5 sliding, 1 full); Mistral with a ``sliding_window`` slides everywhere). All-full reads as ``()``."""
     if t == "nemotron_h":
         return tuple(_nemotron_blocks(c))
+    if t == "deepseek_v4" and not c.get("layer_types"):  # the checkpoint's compress_ratios (one more for MTP)
+        return tuple(V4_RATES[int(r)] for r in c["compress_ratios"][:layers])
     if c.get("layer_types"):
         types = tuple(str(x) for x in c["layer_types"])[:layers]
     elif t in HYBRID:
@@ -168,6 +190,14 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
             int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"]), int(c["linear_key_head_dim"]),
             int(c["linear_value_head_dim"]), int(c.get("linear_conv_kernel_dim") or 4),
         )  # fmt: skip
+    compressed = None
+    if t == "deepseek_v4":
+        rates = dict(c.get("compress_rates") or {})
+        compressed = V4AttentionShape(
+            int(c["q_lora_rank"]), int(c["o_lora_rank"]), int(c["o_groups"]), int(c["index_n_heads"]),
+            int(c["index_head_dim"]), *(int(rates.get(kind, default)) for kind, default in zip(V4_COMPRESSED, (4, 128))),
+            hc_mult=int(c.get("hc_mult", 4)),
+        )  # fmt: skip
     mamba = None
     if t == "nemotron_h":
         mamba = MambaShape(
@@ -207,6 +237,7 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
         mla=mla,
         linear_attention=linear,
         mamba=mamba,
+        compressed_attention=compressed,
         vision=_vision(outer, config.get("vision_config"), hidden),
         mtp_layers=int(c.get("num_nextn_predict_layers") or c.get("mtp_num_hidden_layers") or 0),
         mtp_stores_embedding=t in ("deepseek_v3", "glm4_moe"),

@@ -1,10 +1,10 @@
 """The optional parts of a ``ModelShape``: a mixture-of-experts MLP, DeepSeek's multi-head latent attention, the gated
-delta-net (linear attention) layers of Qwen3-Next / Qwen3.5, Nemotron-H's Mamba2 mixer, and a vision tower with its
-merger.
+delta-net (linear attention) layers of Qwen3-Next / Qwen3.5, Nemotron-H's Mamba2 mixer, DeepSeek-V4's compressed
+attention, and a vision tower with its merger.
 
 Each part counts its own parameters the way the Hugging Face modules hold them (transformers 5.x:
 ``Qwen2MoeSparseMoeBlock``, ``Qwen3MoeSparseMoeBlock``, ``DeepseekV3MoE``, ``GptOssMLP``, ``MixtralSparseMoeBlock``,
-``DeepseekV3Attention``, ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``, ``NemotronHMamba2Mixer``, ``Qwen2VisionTransformerPretrainedModel``,
+``DeepseekV3Attention``, ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``, ``NemotronHMamba2Mixer``, ``DeepseekV4Attention``, ``Qwen2VisionTransformerPretrainedModel``,
 ``Qwen2_5_VisionTransformerPretrainedModel``, ``Qwen3VLVisionModel``, ``SiglipVisionModel`` + ``Gemma3MultiModalProjector``);
 tests/test_shapes.py checks every count against those modules built on the meta device.
 """
@@ -42,6 +42,8 @@ class MoeShape:
     """Qwen2/3-MoE: layer i is MoE when (i + 1) % step == 0."""
     mlp_only_layers: tuple[int, ...] = ()
     """Qwen2/3-MoE: layer indices forced dense (Hy3: its ``dense`` layers; Nemotron-H: every block but its MoE ones)."""
+    hash_layers: int = 0
+    """DeepSeek-V4: the first layers route each token by a frozen token → expert table (no score-correction bias)."""
     gated: bool = True
     """Experts and shared expert are gated MLPs (gate, up, down); Nemotron-H's are up and down only (squared ReLU)."""
 
@@ -193,6 +195,65 @@ class MambaShape:
             + ((d + c + self.num_heads + hidden) if self.proj_bias else 0)
         )
         return projections + c * self.conv_kernel + (c if self.conv_bias else 0) + 3 * self.num_heads + d
+
+
+V4_COMPRESSED = {"compressed_sparse_attention": "csa_rate", "heavily_compressed_attention": "hca_rate"}
+"""DeepSeek-V4's compressed layer kinds and the field holding each one's compression rate."""
+
+
+@dataclass(frozen=True)
+class V4AttentionShape:
+    """DeepSeek-V4's attention (``DeepseekV4Attention``): shared-KV multi-query attention (one KV head of
+    ``head_dim``) with a low-rank query, per-head sinks and a grouped low-rank output, a 128-token sliding window in
+    every layer, and on CSA / HCA layers a compressor of the KV every ``rate`` tokens (CSA adds a lightning indexer
+    picking ``index_topk`` compressed entries); plus the manifold-constrained hyper-connections (``hc_mult``
+    residual streams) around every attention and MoE block and before the head."""
+
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    """The grouped output projection: heads·head_dim in ``o_groups`` blocks, each to ``o_lora_rank``."""
+    index_n_heads: int
+    index_head_dim: int
+    csa_rate: int
+    """``compress_ratios`` 4: compressed sparse attention."""
+    hca_rate: int
+    """``compress_ratios`` 128: heavily compressed attention."""
+    hc_mult: int
+    """Hyper-connection residual streams."""
+
+    def param_count(self, hidden: int, heads: int, head_dim: int, kind: str) -> int:
+        """q_a (+ its norm), q_b, kv_proj (+ norm), the grouped o_a and o_b, the sinks; a compressor's kv and gate
+        projections (CSA: 2·head_dim wide, overlapping windows), position bias and norm; CSA's indexer (its q_b from
+        the query latent, weights, its own compressor); the two hyper-connection mixers of the layer."""
+        r, o = self.q_lora_rank, self.o_groups * self.o_lora_rank
+        n = hidden * r + r + r * heads * head_dim + hidden * head_dim + head_dim
+        n += heads * head_dim * self.o_lora_rank + o * hidden + heads
+        if kind == "compressed_sparse_attention":
+            n += self._compressor(hidden, 2 * head_dim, self.csa_rate) + head_dim
+            idx = self.index_n_heads * self.index_head_dim
+            n += (
+                r * idx + hidden * self.index_n_heads + self._compressor(hidden, 2 * self.index_head_dim, self.csa_rate)
+            )
+            n += self.index_head_dim
+        elif kind == "heavily_compressed_attention":
+            n += self._compressor(hidden, head_dim, self.hca_rate) + head_dim
+        return n + 2 * self.hc_param_count(hidden)
+
+    @staticmethod
+    def _compressor(hidden: int, width: int, rate: int) -> int:
+        return 2 * hidden * width + rate * width
+
+    def hc_param_count(self, hidden: int) -> int:
+        """One hyper-connection mixer: fn ((2 + m)·m rows of m·H), base and 3 scales."""
+        m = self.hc_mult
+        rows = (2 + m) * m
+        return rows * m * hidden + rows + 3
+
+    def head_param_count(self, hidden: int) -> int:
+        """The head's hyper-connection, collapsing the streams: m rows of m·H, m bases, one scale."""
+        m = self.hc_mult
+        return m * m * hidden + m + 1
 
 
 VISION_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "siglip", "glm4v")

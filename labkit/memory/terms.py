@@ -46,8 +46,8 @@ TERMS: dict[str, Term] = {
         "u·C − rollout_weights − rollout_activations",
         (f"{RO}.gpu_memory_utilization",),
         "the KV pool; per token and layer 2·⌈kv/tp⌉·head_dim·b (full attention; sliding layers for at most the "
-        "window), (kv_lora_rank + qk_rope_head_dim)·b (MLA); linear-attention layers a fixed state per sequence "
-        "(labkit.memory.kv_cache); max_model_len tokens per sequence",
+        "window), (kv_lora_rank + qk_rope_head_dim)·b (MLA); linear-attention and Mamba2 layers a fixed state per "
+        "sequence (labkit.memory.kv_cache); max_model_len tokens per sequence",
     ),
     "gathered_params": Term(
         "b·(V·H·(2 − tied) + H + n·P_layer), n = 2 on a GPU, 1 on a CPU",
