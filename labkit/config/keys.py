@@ -244,6 +244,7 @@ def _megatron_block(prefix: str, follow: str | None) -> list[Key]:
         k(f"{tc}.microbatch_group_size_per_vp_stage", INT, None, nullable=True, minimum=1, doc="G (None: = PP)"),
         k(f"{tc}.num_layers_in_first_pipeline_stage", INT, None, nullable=True, minimum=0, doc="uneven PP: stage 0"),
         k(f"{tc}.num_layers_in_last_pipeline_stage", INT, None, nullable=True, minimum=0, doc="uneven PP: last"),
+        k(f"{tc}.pipeline_model_parallel_layout", STR, None, nullable=True, doc="custom PP layout, e.g. Et*6|t*6|t*5L"),
     ]
 
 

@@ -248,6 +248,7 @@ def _model_lines(rep: MemoryReport) -> list[str]:
     for key, label in (
         ("vision_assumption", "assumed"),
         ("not_modelled", "not modelled"),
+        ("quantized_weights", "not modelled"),
         ("rollout_engine", "rollout"),
     ):
         seen = []

@@ -14,6 +14,7 @@ from typing import Any
 
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
+from labkit.rules.pipeline_layout import layout_layers
 
 
 def moe_of(m: ModelShape) -> Any:
@@ -30,7 +31,10 @@ def is_moe_layer(m: ModelShape, index: int) -> bool:
 def stage_layers(m: ModelShape, layout: ParallelLayout, stage: int) -> tuple[tuple[int, ...], ...]:
     """The decoder layers of ``stage``, one tuple per model chunk: virtual stage c·PP + r holds
     L/(PP·V) consecutive layers; with ``num_layers_in_first/last_pipeline_stage`` the first/last stage holds that many
-    and the rest split evenly (``megatron/core/transformer/transformer_block.py: get_num_layers_to_build``)."""
+    and the rest split evenly (``megatron/core/transformer/transformer_block.py: get_num_layers_to_build``); a custom
+    ``pipeline_model_parallel_layout`` places them as it says (``labkit.rules.pipeline_layout``)."""
+    if layout.pipeline_layout is not None:
+        return layout_layers(layout.pipeline_layout, layout.pp, stage)
     first, last = layout.first_stage_layers, layout.last_stage_layers
     if first is None and last is None:
         return _stage_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage)

@@ -26,7 +26,8 @@ from labkit.memory.shapes_hf import TEXT_TYPES
 
 PATH_KEY = f"{MODEL}.path"
 _VARIANT = re.compile(
-    r"([-_](instruct|base|chat|thinking|it|rl|sft|zero|bf16|fp8|hf|mcore|megatron|merge|preview|\d{4}))+$", re.IGNORECASE
+    r"([-_](instruct|base|chat|thinking|it|rl|sft|zero|bf16|fp8|hf|mcore|megatron|merge|preview|\d{4}))+$",
+    re.IGNORECASE,
 )
 """Suffixes that name a checkpoint of the same shape (``Qwen3-30B-A3B-Instruct-2507``, ``MiMo-7B-RL``)."""
 

@@ -98,7 +98,9 @@ def generate(s: MemorySettings) -> Phase:
     """The rollout: residents plus the engine's share u·C = weights + profiling activations + the KV pool."""
     m, b, tp = s.model, s.rollout_bytes, s.rollout_tp
     share = int(s.gpu_memory_utilization * s.gpu_bytes)
-    weights = b * t.param_count(m) // tp
+    weights = b * (t.param_count(m) - t.routed_param_count(m)) // tp + b * t.routed_param_count(m) // (
+        tp * s.rollout_dp
+    )
     acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
     # vLLM profiles its activations inside u·C; SGLang's mem_fraction_static (verl passes u) covers weights + KV,
     # its activations and CUDA graphs take the memory above it (verl/workers/rollout/sglang_rollout)
@@ -120,6 +122,11 @@ def generate(s: MemorySettings) -> Phase:
     }
     if layout.window:
         info["sliding_window"] = layout.window
+    if m.quantization:
+        info["quantized_weights"] = (
+            f"the checkpoint is quantized ({m.quantization}); the engine's weights are priced in the rollout dtype, "
+            "an over-estimate when it keeps them quantized"
+        )
     if layout.state:
         info["linear_state_bytes_per_sequence"] = layout.state
     if kv <= 0:

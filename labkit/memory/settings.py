@@ -36,6 +36,9 @@ class MemorySettings:
     """critic.ulysses_sequence_parallel_size."""
     rollout_tp: int
     """rollout.tensor_model_parallel_size: the engine's weights and KV heads are split over it."""
+    rollout_dp: int = 1
+    """rollout.data_parallel_size: vLLM splits a MoE's routed experts over TP·DP (EP, or fused_moe's TP·DP split);
+    the rest of the model is replicated over DP."""
     compute_bytes: int = 2
     """b, bytes of the compute dtype: FSDP mixed_precision.param_dtype bf16 (2); 4 for the fp32 tiny model on CPU."""
     master_bytes: int = 4
@@ -171,6 +174,7 @@ class MemorySettings:
             actor_sp=g(f"{ACTOR}.ulysses_sequence_parallel_size"),
             critic_sp=g("critic.ulysses_sequence_parallel_size"),
             rollout_tp=g(f"{ROLLOUT}.tensor_model_parallel_size"),
+            rollout_dp=g(f"{ROLLOUT}.data_parallel_size"),
             gpu_memory_utilization=g(f"{ROLLOUT}.gpu_memory_utilization"),
             rollout_name=g(f"{ROLLOUT}.name"),
             free_cache_engine=g(f"{ROLLOUT}.free_cache_engine"),

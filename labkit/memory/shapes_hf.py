@@ -169,6 +169,16 @@ def _vision(outer: str, v: dict[str, Any] | None, out: int) -> VisionShape | Non
     return None
 
 
+def _quantization(c: dict[str, Any]) -> str:
+    """The checkpoint's quantization as the config states it (``quant_method`` and ``fmt``, DeepSeek-V4's
+    ``expert_dtype``); empty when it has none."""
+    q = c.get("quantization_config")
+    if not isinstance(q, dict):
+        return ""
+    text = " ".join(str(q[k]) for k in ("quant_method", "fmt") if q.get(k))
+    return text + (f", experts {c['expert_dtype']}" if c.get("expert_dtype") else "")
+
+
 def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
     """``ModelShape`` keyword arguments (all but name, published figures, source, family) from a config.json dict.
     KeyError names a missing key; ValueError an architecture not in ``TEXT_TYPES``."""
@@ -241,4 +251,5 @@ def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
         vision=_vision(outer, config.get("vision_config"), hidden),
         mtp_layers=int(c.get("num_nextn_predict_layers") or c.get("mtp_num_hidden_layers") or 0),
         mtp_stores_embedding=t in ("deepseek_v3", "glm4_moe"),
+        quantization=_quantization(c),
     )

@@ -36,7 +36,11 @@ TERMS: dict[str, Term] = {
         (f"{RO}.gpu_memory_utilization", f"{RO}.free_cache_engine"),
         "the engine's claimed memory, kept through training when it does not sleep",
     ),
-    "rollout_weights": Term("b·P/tp", (f"{RO}.tensor_model_parallel_size",), "the engine's bf16 weight shard"),
+    "rollout_weights": Term(
+        "b·(P − P_routed)/tp + b·P_routed/(tp·dp)",
+        (f"{RO}.tensor_model_parallel_size", f"{RO}.data_parallel_size"),
+        "the engine's bf16 weight shard (a MoE's routed experts split over TP·DP, the rest over TP)",
+    ),
     "rollout_activations": Term(
         "max_num_batched_tokens·b·(2H + (q + 2kv + 2I)/tp) + max_num_seqs·V·4",
         (f"{RO}.max_num_batched_tokens", f"{RO}.max_num_seqs"),
@@ -204,6 +208,12 @@ def terms_markdown() -> str:
 def param_count(m: ModelShape) -> int:
     """``m.param_count()``, once per shape (the fixes search prices the same model hundreds of times)."""
     return m.param_count()
+
+
+@cache
+def routed_param_count(m: ModelShape) -> int:
+    """Every routed expert of every MoE layer (0 for a dense model): what vLLM splits over TP·DP."""
+    return m.num_moe_layers * m.moe.num_experts * m.expert_param_count() if m.moe is not None else 0
 
 
 @cache

@@ -65,6 +65,8 @@ class ParallelLayout:
     """Megatron uneven PP: ``num_layers_in_first_pipeline_stage`` (None: an even split)."""
     last_stage_layers: int | None = None
     """Megatron uneven PP: ``num_layers_in_last_pipeline_stage`` (None: an even split)."""
+    pipeline_layout: str | None = None
+    """Megatron's custom ``pipeline_model_parallel_layout`` (``labkit.rules.pipeline_layout``; None: none)."""
 
     @property
     def is_megatron(self) -> bool:
@@ -132,4 +134,5 @@ class ParallelLayout:
             dynamic_context_parallel=bool(g(f"{m}.dynamic_context_parallel")),
             first_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_first_pipeline_stage"),
             last_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_last_pipeline_stage"),
+            pipeline_layout=g(f"{m}.override_transformer_config.pipeline_model_parallel_layout"),
         )

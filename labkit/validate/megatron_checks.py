@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from labkit.rules import megatron_rules as mr
 from labkit.rules import megatron_schedule as ms
+from labkit.rules import pipeline_layout
 from labkit.rules.catalogue import message
 from labkit.validate.snapshot import AE, INIT, NOTICE, SILENT, STARTUP, STEP1, Run, Snap, mod
 
@@ -41,6 +42,7 @@ WHERE = {
     "M18": f"{MCORE}/transformer/transformer_block.py: get_num_layers_to_build",
     "M19": f"{MCORE}/transformer/moe/moe_layer.py: MoELayer.__init__",
     "M20": f"{MCORE}/transformer/transformer_block.py: get_num_layers_to_build",
+    "M26": f"{MCORE}/transformer/pipeline_parallel_layer_layout.py: PipelineParallelLayerLayout",
     "M22": f"{MCORE}/pipeline_parallel/schedules.py: forward_backward_pipelining_with_interleaving",
     "M23": f"{MCORE}/pipeline_parallel/schedules.py: forward_backward_pipelining_with_interleaving",
 }
@@ -67,6 +69,7 @@ WHY = {
     "M18": "Each stage's layers are cut into VPP model chunks.",
     "M19": "Bare assert: every EP rank holds the same number of experts.",
     "M20": "With num_layers_in_first/last_pipeline_stage the other stages split the layers left over evenly.",
+    "M26": "A custom pipeline layout places every decoder layer itself: E first, L last, t as many as the model has.",
     "M22": "The interleaved schedule runs micro-batches in groups of G; G must lie in [PP, micro-batches].",
     "M23": "A last group of fewer than PP micro-batches would stall the interleaved pipeline.",
 }
@@ -144,7 +147,11 @@ def _shape_checks(run: Run, s: Snap, role: str, where_role: str) -> bool:
     )
     first = _mg(s, f"{tc}.num_layers_in_first_pipeline_stage", role)
     last = _mg(s, f"{tc}.num_layers_in_last_pipeline_stage", role)
-    if (first is not None or last is not None) and s.num_layers is not None:  # get_num_layers_to_build's uneven path
+    layout = _mg(s, f"{tc}.pipeline_model_parallel_layout", role)
+    if layout is not None:  # TransformerConfig validates the custom layout; it replaces the even split
+        verdicts += pipeline_layout.layout_verdicts(layout, lay.pp, lay.vpp, s.num_layers)
+        verdicts += mr.model_build_checks(lay.tp, lay.pp, None, lay.ep, None, s.num_experts, s.vocab_size)
+    elif (first is not None or last is not None) and s.num_layers is not None:  # get_num_layers_to_build, uneven
         verdicts += mr.model_build_checks(lay.tp, lay.pp, lay.vpp, lay.ep, None, s.num_experts, s.vocab_size)
         verdicts.append(mr.uneven_pipeline_layers(s.num_layers, lay.pp, first, last))
     else:
