@@ -141,7 +141,8 @@ def stage_params(m: ModelShape, layout: ParallelLayout, stage: int, value_head: 
     vp = -(-m.vocab_size // layout.tp) * m.hidden_size
     if stage == 0:
         total += vp + -(-m.vision_param_count() // layout.tp)  # APPROXIMATED: the vision tower on the first stage
-    if stage == layout.pp - 1:
+    if stage == layout.pp - 1:  # the final norm (DeepSeek-V4: its hyper-connection head too) and the output layer
+        total += m.compressed_attention.head_param_count(m.hidden_size) if m.compressed_attention else 0
         total += m.hidden_size + (
             m.hidden_size if value_head else (0 if m.tie_word_embeddings and layout.pp == 1 else vp)
         )
