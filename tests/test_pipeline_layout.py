@@ -5,9 +5,9 @@ check that stops a layout, message for message."""
 import random
 
 import pytest
+from _oracle_mcore import mcore
 
 from labkit.rules.pipeline_layout import layout_layers, layout_verdicts, parse_layout
-from _oracle_mcore import mcore
 
 
 def _oracle():

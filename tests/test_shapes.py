@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from labkit.memory.shapes import ARCHITECTURES, DATA, gpu, gpu_names, model_names, model_shape
+from labkit.memory.gpus import gpu, gpu_names
+from labkit.memory.shapes import ARCHITECTURES, DATA, model_names, model_shape
 
 MODELS = json.loads((DATA / "model_shapes.json").read_text())["models"]
 LEGACY = [n for n in MODELS if "config" not in MODELS[n]]

@@ -1,6 +1,6 @@
 """Arithmetic layer: memory (pure arithmetic, no tensors).
 
-The memory of one RL step per phase and per GPU: model and GPU shapes as data (``shapes``), the config's memory knobs
+The memory of one RL step per phase and per GPU: model and GPU shapes as data (``shapes``, ``gpus``), the config's memory knobs
 (``settings``), every term with its formula and keys (``terms``), the phases (``phases``), a step from the config
 or a trace and ``fill_bytes_predicted`` (``step_memory``), the OOM verdict and its fixes (``verdict``), the
 ``labkit memory`` command (``command``), the log-prob head's bytes (``logprob``), the model a config trains

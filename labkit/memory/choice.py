@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from labkit.config.verl_config import ConfigError
+from labkit.memory.gpus import gpu_names
 from labkit.memory.headroom import gpu_settings
 from labkit.memory.model_source import model_for, stand_in_note
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import gpu_names
 
 MIN_CAPACITY, MAX_CAPACITY = 2**30, 2**50
 MAX_MARGIN_GIB = 10**6

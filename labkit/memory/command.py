@@ -18,9 +18,10 @@ from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.choice import model_note, settings_for
+from labkit.memory.gpus import gpu, gpu_names
 from labkit.memory.headroom import DEFAULT_GPU
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import gpu, gpu_names, model_names
+from labkit.memory.shapes import model_names
 from labkit.memory.step_memory import fill_bytes_predicted
 from labkit.memory.trace_compare import trace_lines, trace_spec
 from labkit.memory.verdict import GiB, MemoryReport, memory_report

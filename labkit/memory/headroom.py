@@ -13,7 +13,8 @@ from functools import cache
 from typing import Any
 
 from labkit.config.keys import ACTOR, ROLLOUT
-from labkit.memory.shapes import _table, gpu
+from labkit.memory.gpus import gpu
+from labkit.memory.shapes import data_table
 
 MiB, GiB = 2**20, 2**30
 DEFAULT_GPU = "H100-80GB"
@@ -25,13 +26,13 @@ ENGINE = ("rollout_weights", "rollout_activations", "kv_cache")
 @cache
 def facts() -> dict[str, Any]:
     """``data/gpus.json``'s ``headroom`` section: each value with its ``*_source``."""
-    return dict(_table("gpus.json", "headroom"))
+    return dict(data_table("gpus.json", "headroom"))
 
 
 def reported_bytes(name: str) -> tuple[int, str]:
     """The capacity of GPU ``name`` as nvidia-smi reports it (MiB total), else its nominal bytes; and which."""
     g = gpu(name)
-    mib = _table("gpus.json", "gpus")[g.name].get("nvidia_smi_total_mib")
+    mib = data_table("gpus.json", "gpus")[g.name].get("nvidia_smi_total_mib")
     if mib:
         return int(mib) * MiB, f"{g.name}: {mib:,} MiB as nvidia-smi reports it"
     return g.memory_bytes, f"{g.name}: nominal {g.memory_label} (no nvidia-smi total on record)"

@@ -1,4 +1,4 @@
-"""Shapes of real models and capacities of real GPUs, read from ``data/model_shapes.json`` and ``data/gpus.json``.
+"""Shapes of real models, read from ``data/model_shapes.json`` (the GPUs' capacities: ``labkit.memory.gpus``).
 
 A memory model needs the parameter count split the way FSDP holds it: the embedding, the LM head (absent when tied),
 one decoder layer at a time, and (VL) the vision tower. The counts follow the Hugging Face modules of each
@@ -284,36 +284,16 @@ class ModelShape:
         return 0
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    """One GPU's nominal memory (and dense BF16 peak where published)."""
-
-    name: str
-    """The key in ``data/gpus.json`` (e.g. ``H100-80GB``)."""
-    vendor_name: str
-    """The product as the vendor names it."""
-    memory_label: str
-    """The vendor's capacity string (``80GB HBM3``)."""
-    memory_unit: str
-    """How the label's GB reads: ``GiB`` (2**30 bytes) or ``GB`` (10**9)."""
-    memory_bytes: int
-    """Nominal capacity in bytes; the driver and CUDA context keep part of it."""
-    bf16_tflops: float | None
-    """Dense (no sparsity) BF16 tensor-core peak, or None when not published."""
-
-    @property
-    def memory_gib(self) -> float:
-        """``memory_bytes`` in GiB."""
-        return self.memory_bytes / 2**30
-
-
 @cache
-def _table(file: str, key: str) -> dict[str, dict[str, Any]]:
+def data_table(file: str, key: str) -> dict[str, dict[str, Any]]:
+    """``data/<file>``'s ``key`` table, read once."""
     with open(DATA / file) as f:
         return json.load(f)[key]
 
 
-def _lookup(table: dict[str, dict[str, Any]], name: str, what: str, aliases: bool) -> tuple[str, dict[str, Any]]:
+def lookup_entry(table: dict[str, dict[str, Any]], name: str, what: str, aliases: bool) -> tuple[str, dict[str, Any]]:
+    """The key and entry ``name`` names (any case; ``aliases``: its source repo id or basename too); KeyError
+    lists the known names."""
     wanted = name.strip().lower()
     for key, entry in table.items():
         names = {key.lower()}
@@ -324,18 +304,9 @@ def _lookup(table: dict[str, dict[str, Any]], name: str, what: str, aliases: boo
     raise KeyError(f"unknown {what} {name!r}; known: {', '.join(table)}")
 
 
-def _build(cls: type, key: str, entry: dict[str, Any]) -> Any:
-    return cls(name=key, **{f.name: entry[f.name] for f in fields(cls) if f.name != "name"})
-
-
 def model_names() -> list[str]:
     """The models in ``data/model_shapes.json``, in file order."""
-    return list(_table("model_shapes.json", "models"))
-
-
-def gpu_names() -> list[str]:
-    """The GPUs in ``data/gpus.json``, in file order."""
-    return list(_table("gpus.json", "gpus"))
+    return list(data_table("model_shapes.json", "models"))
 
 
 def shape_from_entry(key: str, entry: dict[str, Any]) -> ModelShape:
@@ -356,12 +327,5 @@ def shape_from_entry(key: str, entry: dict[str, Any]) -> ModelShape:
 @cache
 def model_shape(name: str) -> ModelShape:
     """The shape of ``name``: a key, its HF repo id or the repo's basename, any case. KeyError lists the known names."""
-    key, entry = _lookup(_table("model_shapes.json", "models"), name, "model", aliases=True)
+    key, entry = lookup_entry(data_table("model_shapes.json", "models"), name, "model", aliases=True)
     return shape_from_entry(key, entry)
-
-
-@cache
-def gpu(name: str) -> GpuSpec:
-    """The GPU ``name`` (a key of ``data/gpus.json``, any case). KeyError lists the known names."""
-    key, entry = _lookup(_table("gpus.json", "gpus"), name, "GPU", aliases=False)
-    return _build(GpuSpec, key, entry)

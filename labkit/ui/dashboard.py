@@ -18,7 +18,8 @@ from typing import Any
 
 from labkit.config.lengths import profile_names
 from labkit.config.versions import RELEASES
-from labkit.memory.shapes import gpu_names, model_names
+from labkit.memory.gpus import gpu_names
+from labkit.memory.shapes import model_names
 from labkit.ui import dashboard_state as S
 from labkit.ui.dashboard_figures import METRICS, mime_bundle
 from labkit.ui.dashboard_view import View, heading, render, show

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from labkit.config.verl_config import ConfigError, load_config
 from labkit.memory.choice import settings_for
 from labkit.memory.command import render_text
-from labkit.memory.shapes import gpu_names, model_names
+from labkit.memory.gpus import gpu_names
+from labkit.memory.shapes import model_names
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace
 from labkit.ui.figure_style import hline_spec, plain_figure

@@ -6,8 +6,8 @@ model for Qwen2.5-7B on an 80 GB H100 (docs/memory.md).
 from __future__ import annotations
 
 from labkit.config.keys import ARR
+from labkit.memory.gpus import gpu
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import gpu
 from labkit.memory.step_memory import step_phases
 from labkit.memory.verdict import memory_report
 from labkit.rules.catalogue import message
