@@ -39,6 +39,10 @@ from labkit.runtime.rank_errors import (
 from labkit.runtime.rank_host import CALL_QUERY, format_report
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
+CLOSE_GRACE_S = 6.0
+"""Seconds every rank has to destroy its process group and engine and say so before close() kills it: a vLLM rank
+on a loaded 2-core machine needs more than 3 s. Ranks that reply end the wait at once."""
+
 GRACE_S = 2.0  # the driver's watchdog fires this long after a collective's own timeout
 _LIVE: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
 __all__ = [
@@ -226,7 +230,7 @@ class WorkerGroup:
         self.closed = True
         try:
             if self._launcher is not None:
-                self.teardown = self._launcher.close(graceful_s=3.0)
+                self.teardown = self._launcher.close(graceful_s=CLOSE_GRACE_S)
                 wait_gone([p for p in self._launcher.pids if p], 10.0)
         finally:
             self.swept = rank_files.sweep(getattr(self, "group_dir", None))
