@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from labkit.memory.shapes import ModelShape
 
@@ -50,6 +51,7 @@ def _heads(n: int, tp: int) -> int:
     return max(1, -(-n // tp)) if n >= tp else 1
 
 
+@lru_cache(maxsize=256)
 def kv_layout(m: ModelShape, b: int, tp: int) -> KvLayout:
     """The cache of ``m`` on one of ``tp`` ranks, ``b`` bytes per cached value."""
     kinds: dict[str, int] = {}

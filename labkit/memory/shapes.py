@@ -114,6 +114,11 @@ class ModelShape:
     mtp_stores_embedding: bool = False
     """DeepSeek-V3 / GLM-4.5 checkpoints store a copy of the embedding and LM head with each MTP layer."""
 
+    def __hash__(self) -> int:
+        """By name, width and depth only: equal shapes still hash equal, and a memory answer (whose fixes search
+        looks shapes up in its caches thousands of times) does not hash every field and part each time."""
+        return hash((self.name, self.hidden_size, self.num_hidden_layers))
+
     # ---- what each layer is -------------------------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:

@@ -145,14 +145,21 @@ def verl_error(cfg: VerlConfig) -> str | None:
 
 
 def fixes_for(
-    cfg: VerlConfig, s: MemorySettings, phase: str, evaluate: Evaluate, base_error: str | None
+    cfg: VerlConfig,
+    s: MemorySettings,
+    phase: str,
+    evaluate: Evaluate,
+    base_error: str | None,
+    tried: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost, and
     verl's verdict on the changed config (``base_error``, the config's own, for a change of settings only).
 
     A value the config already has is never offered: each fix changes something, and says what from and to
     (``set``: the overrides to pass, ``from``: the same keys as they are now, ``changes``: key, from, to; ``~key``
-    deletes a key). A knob that moves the phase no lower than it is now is left out."""
+    deletes a key). A knob that moves the phase no lower than it is now is left out. ``tried``: the changes already
+    priced for another phase of the same report (each prices the whole step), reused."""
+    tried = {} if tried is None else tried
     out = []
     base = None
     for knob, tries, cost in candidates(cfg, s, phase):
@@ -161,8 +168,11 @@ def fixes_for(
             changes = _changes(cfg, s, knob, change)
             if not changes:
                 continue  # the config has this value already: no fix
-            new_cfg, new_s = _apply(cfg, s, change)
-            phases = evaluate(new_cfg, new_s)
+            key = repr(sorted(change.items()))
+            if key not in tried:
+                new_cfg, new_s = _apply(cfg, s, change)
+                tried[key] = (new_cfg, new_s, evaluate(new_cfg, new_s))
+            new_cfg, new_s, phases = tried[key]
             if phase not in phases:
                 continue
             fits = not _short(new_s, phases[phase])
@@ -218,7 +228,9 @@ def memory_report(
 
     phases = evaluate(cfg, s)
     base_error = verl_error(cfg)
-    fixes = [f for name, p in phases.items() if _short(s, p) for f in fixes_for(cfg, s, name, evaluate, base_error)]
+    tried: dict[str, Any] = {}
+    failing = [name for name, p in phases.items() if _short(s, p)]
+    fixes = [f for name in failing for f in fixes_for(cfg, s, name, evaluate, base_error, tried)]
     how = (
         "every row at full width (prompt_length + response_length)"
         if lengths is None
