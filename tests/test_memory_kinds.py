@@ -115,3 +115,29 @@ def test_mla_and_hybrid_training_activations_are_named_as_not_modelled():
         info = forward_pass(_settings(name), "old_log_prob", PassShape(1, 2048)).info
         assert "not modelled" in info["not_modelled"] or "not traced" in info["not_modelled"]
     assert "not_modelled" not in forward_pass(_settings("Qwen3-8B"), "old_log_prob", PassShape(1, 2048)).info
+
+
+def test_rollout_weights_split_a_moes_experts_over_tp_times_dp():
+    """vLLM holds a MoE's routed experts split over TP·DP (EP = TP·DP, or fused_moe's split) and the rest over TP; a
+    dense model's weights do not depend on the rollout's DP. A quantized checkpoint is named, priced in bf16."""
+    moe = _settings("Qwen3-30B-A3B", rollout_tp=2)
+    m = moe.model
+    routed = m.num_moe_layers * m.moe.num_experts * m.expert_param_count()
+    one, four = (generate(replace(moe, rollout_dp=dp)).instants["engine"]["rollout_weights"] for dp in (1, 4))
+    assert one == 2 * m.param_count() // 2 and one - four == 2 * routed // 2 - 2 * routed // 8
+    dense = _settings("Qwen2.5-7B", rollout_tp=2)
+    assert len({generate(replace(dense, rollout_dp=dp)).instants["engine"]["rollout_weights"] for dp in (1, 4)}) == 1
+    v4 = generate(_settings("DeepSeek-V4-Flash", rollout_tp=8)).info
+    assert "fp8 e4m3, experts fp4" in v4["quantized_weights"] and "quantized_weights" not in generate(dense).info
+
+
+def test_mamba_and_compressed_attention_cache_a_state_or_a_fraction_per_token():
+    """Nemotron-H's Mamba2 blocks keep a fixed state per sequence (fp32 SSM state + conv inputs) and its MoE blocks
+    nothing; DeepSeek-V4 keeps a 128-token window of one K/V head per layer and a compressed entry every 4 (CSA, with
+    the indexer's keys) or 128 tokens (HCA)."""
+    nano = kv_layout(model_shape("Nemotron-3-Nano-30B-A3B"), 2, 1)
+    assert nano.kinds == {"mamba": 23, "full_attention": 6} and nano.per_token == 6 * 2 * 2 * 128 * 2
+    assert nano.state == 23 * (4 * 64 * 64 * 128 + 2 * 3 * 6144)
+    v4 = kv_layout(model_shape("DeepSeek-V4-Flash"), 2, 8)
+    assert v4.window == 128 and v4.window_per_token == 43 * 512 * 2
+    assert v4.per_token == 21 * 2 * (512 + 128) // 4 + 20 * 2 * 512 // 128

@@ -98,9 +98,8 @@ def generate(s: MemorySettings) -> Phase:
     """The rollout: residents plus the engine's share u·C = weights + profiling activations + the KV pool."""
     m, b, tp = s.model, s.rollout_bytes, s.rollout_tp
     share = int(s.gpu_memory_utilization * s.gpu_bytes)
-    weights = b * (t.param_count(m) - t.routed_param_count(m)) // tp + b * t.routed_param_count(m) // (
-        tp * s.rollout_dp
-    )
+    routed = t.routed_param_count(m)  # vLLM splits a MoE's routed experts over TP·DP, the rest over TP
+    weights = b * (t.param_count(m) - routed) // tp + b * routed // (tp * s.rollout_dp)
     acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
     # vLLM profiles its activations inside u·C; SGLang's mem_fraction_static (verl passes u) covers weights + KV,
     # its activations and CUDA graphs take the memory above it (verl/workers/rollout/sglang_rollout)
