@@ -7,7 +7,15 @@ import random
 import pytest
 from _oracle_mcore import mcore
 
-from labkit.rules.pipeline_layout import layout_layers, layout_verdicts, parse_layout
+from labkit.config.keys import ACTOR
+from labkit.config.verl_config import load_config
+from labkit.memory.megatron_params import stage_layers
+from labkit.memory.shapes import model_shape
+from labkit.rules.parallel_layout import ParallelLayout
+from labkit.rules.pipeline_layout import layout_layers, layout_verdicts, layout_vpp, parse_layout
+
+MEGATRON = f"{ACTOR}.megatron"
+LAYOUT = "override_transformer_config.pipeline_model_parallel_layout"
 
 
 def _oracle():
@@ -29,6 +37,8 @@ def _random_layout(rng: random.Random) -> tuple[str, int, int]:
     text = "|".join(parts)
     if rng.random() < 0.1:  # a stage too many or too few for PP
         text += "|t"
+    if rng.random() < 0.05:  # a character megatron-core does not know
+        text = text.replace("t", "x", 1)
     layers = sum(stages) + (rng.choice([-1, 1]) if rng.random() < 0.2 else 0)
     return text, pp, layers
 
@@ -68,6 +78,21 @@ def test_deepseek_v4_flash_layout_places_its_43_layers_on_8_stages():
     assert not any(v.fired for v in layout_verdicts(text, 8, None, 43))
     assert [len(layout_layers(text, 8, r)[0]) for r in range(8)] == [6, 6, 6, 5, 5, 5, 5, 5]
     assert layout_layers(text, 8, 7) == (tuple(range(38, 43)),)
-    assert parse_layout("E(tt|)*2,tL") == ["Ett", "tt", "tL"]
+    assert parse_layout("E(tt|)*2,tL") == ("Ett", "tt", "tL")
     with pytest.raises(ValueError, match="Invalid layer character: x"):
         parse_layout("Etx|tL")
+    assert layout_vpp("Et|t|t|tL", 2) == 2 and layout_vpp(text, 8) is None and layout_vpp("Etx|tL", 2) is None
+
+
+def test_a_layout_megatron_core_refuses_is_refused_by_the_memory_model_too():
+    """Memory is priced per stage only for a layout megatron-core builds; otherwise its message, as a ValueError the
+    answer shows as "not priced". A layout of 2·PP stages is a virtual pipeline of 2, as TransformerConfig sets it."""
+    m = model_shape("DeepSeek-V4-Flash")
+    for text, message in (("Et*40|t*3L", "must be divisible by pipeline_model_parallel_size"), ("Etx|tL", "character")):
+        layout = ParallelLayout("megatron", 8, pp=8, pipeline_layout=text)
+        with pytest.raises(ValueError, match=message):
+            stage_layers(m, layout, 0)
+    sizes = [f"{MEGATRON}.pipeline_model_parallel_size=2", f"{MEGATRON}.{LAYOUT}='Et*10|t*11|t*11|t*11L'"]
+    cfg = load_config(None, ["model_engine=megatron", *sizes])
+    layout = ParallelLayout.from_config(cfg)
+    assert layout.vpp == 2 and stage_layers(m, layout, 1) == (tuple(range(10, 21)), tuple(range(32, 43)))

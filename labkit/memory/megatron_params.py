@@ -14,7 +14,7 @@ from typing import Any
 
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
-from labkit.rules.pipeline_layout import layout_layers
+from labkit.rules.pipeline_layout import layout_error, layout_layers
 
 
 def moe_of(m: ModelShape) -> Any:
@@ -34,6 +34,9 @@ def stage_layers(m: ModelShape, layout: ParallelLayout, stage: int) -> tuple[tup
     and the rest split evenly (``megatron/core/transformer/transformer_block.py: get_num_layers_to_build``); a custom
     ``pipeline_model_parallel_layout`` places them as it says (``labkit.rules.pipeline_layout``)."""
     if layout.pipeline_layout is not None:
+        error = layout_error(layout.pipeline_layout, layout.pp, layout.vpp, m.num_hidden_layers)
+        if error:
+            raise ValueError(error)
         return layout_layers(layout.pipeline_layout, layout.pp, stage)
     first, last = layout.first_stage_layers, layout.last_stage_layers
     if first is None and last is None:

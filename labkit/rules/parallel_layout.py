@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.config.keys import ACTOR, ARR
+from labkit.rules.pipeline_layout import layout_vpp
 
 FSDP, MEGATRON, VEOMNI = "fsdp", "megatron", "veomni"
 MEGATRON_SIZE_KEYS = (
@@ -120,6 +121,9 @@ class ParallelLayout:
             return cls(FSDP, world, ulysses_sp=g(f"{prefix}.ulysses_sequence_parallel_size"))
         m = f"{ACTOR}.megatron"
         tp, pp, vpp, cp, ep, etp = (g(f"{m}.{k}") for k in MEGATRON_SIZE_KEYS)
+        pipeline = g(f"{m}.override_transformer_config.pipeline_model_parallel_layout")
+        if pipeline is not None and vpp is None:  # TransformerConfig takes the VPP a custom layout implies
+            vpp = layout_vpp(pipeline, pp)
         return cls(
             MEGATRON,
             world,
@@ -134,5 +138,5 @@ class ParallelLayout:
             dynamic_context_parallel=bool(g(f"{m}.dynamic_context_parallel")),
             first_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_first_pipeline_stage"),
             last_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_last_pipeline_stage"),
-            pipeline_layout=g(f"{m}.override_transformer_config.pipeline_model_parallel_layout"),
+            pipeline_layout=pipeline,
         )

@@ -9,6 +9,7 @@ whose layers do not divide over the stages (DeepSeek-V4-Flash's 43 over 8) can s
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from labkit.rules.megatron_rules import Verdict
 
@@ -16,9 +17,10 @@ KINDS = "ELtm"
 """Embedding, loss, decoder ("transformer") and MTP layers: the characters megatron-core reads."""
 
 
-def parse_layout(text: str) -> list[str]:
+@lru_cache(maxsize=64)
+def parse_layout(text: str) -> tuple[str, ...]:
     """The virtual stages of ``text``, each a string of layer characters (``parse_str_to_list``'s unrolling).
-    ValueError names a character megatron-core does not know."""
+    ValueError names a character megatron-core does not know, in its words."""
     flat = text.replace(",", "")
     flat = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
     flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
@@ -30,15 +32,34 @@ def parse_layout(text: str) -> list[str]:
                     f"Invalid layer character: {char} (stage={stage!r}, layout_str={flat!r}), known layer characters:"
                     f" {list(KINDS)}"
                 )
-    return stages
+    return tuple(stages)
+
+
+def layout_vpp(text: str, pp: int) -> int | None:
+    """The virtual pipeline size a layout implies (its stages / PP, as ``TransformerConfig`` sets it when the config
+    leaves it unset and it is over 1), None when the layout does not parse or divide."""
+    try:
+        stages = len(parse_layout(text))
+    except ValueError:
+        return None
+    return stages // pp if stages % pp == 0 and stages // pp > 1 else None
+
+
+@lru_cache(maxsize=64)
+def layout_error(text: str, pp: int, vpp: int | None, num_layers: int) -> str | None:
+    """megatron-core's message for the first check ``text`` fails (``layout_verdicts``), None when it builds."""
+    return next((v.message for v in layout_verdicts(text, pp, vpp, num_layers) if v.fired), None)
 
 
 def layout_verdicts(text: str, pp: int, vpp: int | None, num_layers: int | None, mtp: int = 0) -> list[Verdict]:
     """megatron-core's checks of a layout (M26), in its order: the stage count over PP
     (``PipelineParallelLayerLayout.__init__``), the VPP it implies against a configured one (``TransformerConfig``),
     then ``validate_layer_layout``: the embedding first, the loss last, each once, the decoder layers equal to
-    ``num_layers`` and the MTP layers to ``mtp``."""
-    stages = parse_layout(text)
+    ``num_layers`` and the MTP layers to ``mtp``; first of all, a character it does not know."""
+    try:
+        stages = parse_layout(text)
+    except ValueError as exc:
+        return [Verdict("M26", True, "AssertionError", str(exc), (f"layout: {text}",))]
     out = [
         Verdict(
             "M26",
@@ -87,6 +108,7 @@ def _name(char: str) -> str:
     )
 
 
+@lru_cache(maxsize=256)
 def layout_layers(text: str, pp: int, rank: int) -> tuple[tuple[int, ...], ...]:
     """The decoder layers pipeline rank ``rank`` builds, one tuple per model chunk, numbered as megatron-core
     numbers them (virtual stage c·PP + r in list order)."""
