@@ -38,8 +38,9 @@ def settings_for(
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     s = MemorySettings.from_config(cfg, model_for(cfg, model), g.pop("gpu_bytes"), **g)
-    prompt = s.max_model_len - s.response_length  # verl counts a sample's image tokens in its prompt
-    return replace(s, image_tokens_per_sample=min(s.image_tokens_per_sample, prompt)) if s.model.vision else s
+    if s.model.vision is None:
+        return s
+    return replace(s, image_tokens_per_sample=min(s.image_tokens_per_sample, s.prompt_length))  # verl: in the prompt
 
 
 def model_note(cfg: Any, model: str | None) -> str | None:

@@ -111,10 +111,9 @@ def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
     images = getattr(ns, "image_tokens", None)
     if images is not None and not 0 <= images <= 10**6:
         raise ConfigError(f"--image-tokens must be 0 to 1,000,000 image tokens a sample, got {images}")
-    prompt = s.max_model_len - s.response_length
-    if images is not None and images > prompt:
+    if images is not None and images > s.prompt_length:
         raise ConfigError(
-            f"--image-tokens {images:,} is more than the prompt's {prompt:,} tokens (data.max_prompt_length): verl "
+            f"--image-tokens {images:,} is more than the prompt's {s.prompt_length:,} tokens (data.max_prompt_length): verl "
             "counts a sample's image tokens in its prompt"
         )
     return replace(

@@ -134,6 +134,11 @@ class MemorySettings:
     """A phase with less than this left of C is ``tight``, not ``fits`` (``--margin``)."""
 
     @property
+    def prompt_length(self) -> int:
+        """rollout.prompt_length (data.max_prompt_length): the room a sample's image tokens share with its text."""
+        return self.max_model_len - self.response_length
+
+    @property
     def entropy_mode(self) -> str:
         """How the actor's entropy runs: ``fused`` (inside use_fused_kernels' head), ``compiled`` (torch.compile
         wraps the chunked and the checkpointed forms too), ``checkpointed``, ``chunked`` or ``eager``."""

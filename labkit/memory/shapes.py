@@ -109,8 +109,8 @@ class ModelShape:
     """Multi-token-prediction layers in the checkpoint (``num_nextn_predict_layers`` / ``mtp_num_hidden_layers``):
     left out of ``param_count``, priced alone by ``mtp_param_count``."""
     quantization: str = ""
-    """The checkpoint's ``quantization_config`` (DeepSeek-V4-Flash: ``fp8, experts fp4``); empty: unquantized. The
-    memory model prices every weight in its own dtypes and says so."""
+    """The checkpoint's ``quantization_config`` (DeepSeek-V4-Flash: ``fp8 e4m3, experts fp4``); empty: unquantized.
+    The memory model still prices the engine's weights in the rollout dtype, and says so."""
     mtp_stores_embedding: bool = False
     """DeepSeek-V3 / GLM-4.5 checkpoints store a copy of the embedding and LM head with each MTP layer."""
 

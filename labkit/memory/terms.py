@@ -272,8 +272,8 @@ def moe_shared_bytes(m: ModelShape, tokens: int, b: int, saved: bool) -> int:
     its working set (gate, up and their product, then its output); saved: gate, up, activation and product."""
     if m.moe is None or not m.moe.shared_expert_intermediate_size:
         return 0
-    i, gated = m.moe.shared_expert_intermediate_size, m.moe.gated
-    return tokens * b * (((4 if gated else 2) * i if saved else (3 if gated else 2) * i) + m.hidden_size)
+    widths = (4 if saved else 3) if m.moe.gated else 2  # gate, up (act, product); Nemotron-H: up and its activation
+    return tokens * b * (widths * m.moe.shared_expert_intermediate_size + m.hidden_size)
 
 
 def _qk_norm_saved(m: ModelShape, tokens: int, b: int) -> int:
