@@ -189,7 +189,7 @@ def _source_text(path: str) -> str:
 def _ns_config(ns: argparse.Namespace):
     """The config of a command's arguments, for the release ``--verl`` names (``labkit.config.versions``)."""
     try:
-        cfg = versions.apply_release(_config(ns.args, ns.profile, ns.set), ns.release)
+        cfg = versions.apply_release(_config(ns.args, ns.profile, ns.set, lenient=ns.cmd == "memory"), ns.release)
     except versions.VersionError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.hydra_stops and ns.cmd != "check":  # check prints them as verl's verdict; plan and memory go on without
@@ -198,24 +198,30 @@ def _ns_config(ns: argparse.Namespace):
     return cfg
 
 
-def _config(args: Sequence[str], profile: str, sets: Sequence[str] = ()):
+def _config(args: Sequence[str], profile: str, sets: Sequence[str] = (), lenient: bool = False):
     """Positional args: an optional YAML or launch script (``-``: standard input), then overrides (for a script:
-    its ``$@``); ConfigError on bad input. A script is read as bash reads it (labkit.config.launch_script)."""
+    its ``$@``); ConfigError on bad input. A script is read as bash reads it (labkit.config.launch_script);
+    ``lenient`` (memory): keys and base YAMLs verl does not have are set aside and named, not refused."""
     path, overrides = None, list(args)
     if overrides and "=" not in overrides[0] and not overrides[0].startswith(("~", "+")):
         path = overrides.pop(0)
     if path is None:
-        return load_config(None, overrides, profile=profile)
+        return load_config(None, overrides, profile=profile, lenient=lenient)
     if not Path(path).exists() and path != "-":
         raise ConfigError(f"{path}: no such config file or script (overrides are key=value).")
     if path.endswith((".yaml", ".yml", ".json")):
-        return load_config(path, overrides, profile=profile)
+        return load_config(path, overrides, profile=profile, lenient=lenient)
     text = _source_text(path)
     if is_yaml(text):
-        return load_config_text(text, overrides, profile=profile, origin=path)
+        return load_config_text(text, overrides, profile=profile, origin=path, lenient=lenient)
     try:
         cfg, read = load_script_config(
-            text, overrides, profile=profile, sets=parse_sets(sets), login=login_environment(os.environ)
+            text,
+            overrides,
+            profile=profile,
+            sets=parse_sets(sets),
+            login=login_environment(os.environ),
+            lenient=lenient,
         )
     except LaunchError as exc:
         raise ConfigError(f"{path}: {exc}") from None

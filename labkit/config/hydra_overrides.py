@@ -121,8 +121,21 @@ def _verl_config_dir(path: str | None) -> bool:
     return p in ("config", "./config", "pkg://verl.trainer.config") or p.endswith("verl/trainer/config")
 
 
-def check_base(args: HydraArgs, module: str | None = None) -> None:
-    """HydraError when the base YAML, a config-group choice or the entry point is one labkit does not model."""
+def check_base(args: HydraArgs, module: str | None = None, lenient: bool = False) -> list[str]:
+    """HydraError when the base YAML, a config-group choice or the entry point is one labkit does not model;
+    ``lenient`` (``labkit memory``): a recipe's base YAML or another entry point is named and read past, its
+    overrides priced over verl's ppo_trainer defaults (the returned notes say so)."""
+    notes = []
+    if lenient and module is not None and "main_ppo" not in module and not module.startswith("verl.trainer.main_"):
+        notes.append(f"the entry point {module}: its arguments are read as verl's main_ppo overrides")
+        module = None
+    if lenient and (args.base() not in MODELLED_BASES or not _verl_config_dir(args.config_path)):
+        where = f" in {args.config_path}" if args.config_path and not _verl_config_dir(args.config_path) else ""
+        notes.append(
+            f"--config-name {args.base()}{where}: a base YAML labkit does not read; its own values are not priced "
+            "(verl's ppo_trainer defaults are)"
+        )
+        args = HydraArgs(args.overrides, None, None, args.hydra)
     if module is not None and module not in ("verl.trainer.main_ppo",) and not module.endswith("main_ppo.py"):
         sync = module.removesuffix(".py").replace("/", ".").endswith("main_ppo_sync")
         why = (
@@ -152,3 +165,4 @@ def check_base(args: HydraArgs, module: str | None = None) -> None:
                 f"'{item}': labkit models {ov.key}={'|'.join(GROUPS[ov.key])} only (FSDP, Megatron and VeOmni workers); "
                 f"the {ov.raw.strip()} engine's config is not modelled"
             )
+    return notes

@@ -98,7 +98,7 @@ _KEYS = [
         f"{ROLLOUT}.name",
         STR,
         "vllm",
-        choices=("vllm", "hf", "sglang", "trtllm"),
+        choices=("vllm", "hf", "sglang", "trtllm", "sglang_async"),
         doc="the rollout engine: vllm (verl's examples; its YAML leaves it '???'), hf (HF generate on TP shards), or "
         "sglang / trtllm (planned with the same rollout mesh; live runs use vllm or hf)",
     ),

@@ -9,7 +9,9 @@ Profiles live in ``data/length_profiles.json``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -39,16 +41,43 @@ def profile_names() -> list[str]:
     return list(_load())
 
 
+@dataclass(frozen=True)
+class Uniform:
+    """Every sample ``prompt`` + ``response`` tokens long: the lengths a run is expected to see, as a log's
+    ``prompt_length/mean`` and ``response_length/mean`` give them (``--lengths prompt=P,response=R``)."""
+
+    prompt: int
+    response: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.response
+
+    def __str__(self) -> str:
+        return f"prompt={self.prompt},response={self.response}"
+
+    def describe(self) -> str:
+        return f"every sample at {self.prompt:,} prompt + {self.response:,} response tokens"
+
+
+_UNIFORM = re.compile(r"^prompt=(\d{1,9}),\s*response=(\d{1,9})$")
+
 MAX_LENGTHS = 1_000_000
 """The most explicit lengths labkit takes (one per sample of a step)."""
 
 
-def parse_lengths(text: str | list[int]) -> list[int] | str:
-    """CLI form, validated once where it is read: ``"800,6500,1200"`` -> positive ints; else a known profile
-    name. LengthsError for anything else (a list is returned as it is: already read)."""
-    if isinstance(text, list):
+def parse_lengths(text: str | list[int] | Uniform) -> list[int] | str | Uniform:
+    """CLI form, validated once where it is read: ``"800,6500,1200"`` -> positive ints; ``prompt=P,response=R``
+    -> ``Uniform`` (a log's mean lengths); else a known profile name. LengthsError for anything else (a list is
+    returned as it is: already read)."""
+    if isinstance(text, (list, Uniform)):
         return text
     text = text.strip()
+    m = _UNIFORM.match(text.replace(" ", ""))
+    if m:
+        if int(m.group(2)) < 1 or int(m.group(1)) < 1:
+            raise LengthsError(f"--lengths {text!r}: a prompt and a response of at least 1 token each.")
+        return Uniform(int(m.group(1)), int(m.group(2)))
     if not text:
         raise LengthsError(f"--lengths is empty; use a profile ({', '.join(_load())}) or L1,L2,...")
     if text[0].isdigit() and (text.replace(",", "").replace(" ", "").isdigit()):
@@ -62,7 +91,7 @@ def parse_lengths(text: str | list[int]) -> list[int] | str:
     if text not in _load():
         raise LengthsError(
             f"--lengths: unknown length profile {text!r}; known profiles: {', '.join(_load())} (or comma-separated "
-            "positive integers)."
+            "positive integers, or prompt=P,response=R: every sample at a log's mean lengths)."
         )
     return text
 
@@ -114,8 +143,23 @@ def check_lengths(lengths: Sequence[int], count: int, width: int, origin: str = 
     return out
 
 
+def check_uniform(spec: Uniform, prompt_length: int, response_length: int) -> Uniform:
+    """LengthsError when ``spec`` is wider than the rows verl pads to (a prompt over data.max_prompt_length, a
+    response over data.max_response_length)."""
+    for what, value, limit, key in (
+        ("prompt", spec.prompt, prompt_length, "data.max_prompt_length"),
+        ("response", spec.response, response_length, "data.max_response_length"),
+    ):
+        if value > limit:
+            raise LengthsError(
+                f"--lengths {spec}: a {what} of {value:,} tokens is longer than {key} = {limit:,}; verl cuts or "
+                "refuses longer ones, so no sample holds it"
+            )
+    return spec
+
+
 def resolve_lengths(
-    spec: Sequence[int] | str | None,
+    spec: Sequence[int] | str | Uniform | None,
     *,
     n_prompts: int,
     n: int,
@@ -127,8 +171,9 @@ def resolve_lengths(
     if spec is None:
         return None
     if isinstance(spec, str):
-        parsed = parse_lengths(spec)
-        if isinstance(parsed, str):
-            return draw(parsed, n_prompts, n, prompt_length, response_length, seed)
-        spec = parsed
+        spec = parse_lengths(spec)
+        if isinstance(spec, str):
+            return draw(spec, n_prompts, n, prompt_length, response_length, seed)
+    if isinstance(spec, Uniform):
+        return [check_uniform(spec, prompt_length, response_length).tokens] * (n_prompts * n)
     return check_lengths(spec, n_prompts * n, prompt_length + response_length)

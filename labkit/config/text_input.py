@@ -35,6 +35,8 @@ class ConfigText:
     yaml_text: str = ""
     not_read: list[tuple[str, str]] = field(default_factory=list)
     script: ScriptRead | None = None
+    set_aside: list[str] = field(default_factory=list)
+    """A lenient read's notes: the base YAML or entry point it read past (``check_base``)."""
 
     def modelled(self) -> list[str]:
         """The overrides read whose key labkit models (what its verdict depends on)."""
@@ -76,7 +78,7 @@ def _path_like(key: str) -> bool:
     return key.endswith(("path", "_dir", "files"))
 
 
-def script_overrides(read: ScriptRead, extra: Iterable[str] = ()) -> ConfigText:
+def script_overrides(read: ScriptRead, extra: Iterable[str] = (), lenient: bool = False) -> ConfigText:
     """The overrides of a script's launch (ConfigError for a base labkit does not model, or an unknown value on a
     key labkit models). An unknown value on a key labkit does not model is listed in ``not_read``; on a path key
     whose unknown part is only the directory (``$HOME/models/Qwen2.5-7B``) it is read as ``…/models/Qwen2.5-7B``."""
@@ -104,9 +106,11 @@ def script_overrides(read: ScriptRead, extra: Iterable[str] = ()) -> ConfigText:
         args.extend(extra)  # the script does not pass "$@": the user's overrides are applied after its own
     try:
         hydra = split_hydra_args(args)
-        check_base(hydra, read.module)
+        out.set_aside = check_base(hydra, read.module, lenient)
     except HydraError as exc:
         raise ConfigError(f"line {read.line}: {exc}") from None
+    if out.set_aside and hydra.config_name:  # the recipe's base YAML is set aside: price over ppo_trainer's
+        hydra = type(hydra)(hydra.overrides, None, None, hydra.hydra)
     out.overrides = [*hydra.base_overrides(), *hydra.overrides]
     out.skipped = [*read.launcher, *([f"-m {read.module}"] if read.module else [])]
     if hydra.config_name or hydra.config_path:
@@ -129,6 +133,7 @@ def read_config_text(
     extra: Iterable[str] = (),
     sets: Mapping[str, str] | None = None,
     login: Mapping[str, str] | None = None,
+    lenient: bool = False,
 ) -> ConfigText:
     """Which kind of config ``text`` is, and what it holds; ``extra``: arguments given after a script (its
     ``$@``), ``sets``: ``--set NAME=VALUE``. ConfigError for a text labkit cannot read."""
@@ -140,7 +145,7 @@ def read_config_text(
     except LaunchError as exc:
         lead = f"{NOTHING_READ}: " if str(exc).startswith("no verl launch") else ""
         raise ConfigError(f"{lead}{exc}") from None
-    return script_overrides(read, extra)
+    return script_overrides(read, extra, lenient)
 
 
 def load_pasted_config(
@@ -167,10 +172,14 @@ def load_script_config(
     profile: str = "engine",
     sets: Mapping[str, str] | None = None,
     login: Mapping[str, str] | None = None,
+    lenient: bool = False,
 ) -> tuple[VerlConfig, ConfigText]:
     """``labkit check|plan|memory SCRIPT [overrides]``: ``extra`` are the script's ``$@`` (applied after its own
-    overrides when it does not pass them on)."""
-    read = read_config_text(text, extra=extra, sets=sets, login=login)
+    overrides when it does not pass them on); ``lenient``: what verl's schema lacks is set aside, not refused."""
+    read = read_config_text(text, extra=extra, sets=sets, login=login, lenient=lenient)
     if read.kind == YAML:
-        return load_config_text(read.yaml_text, extra, profile=profile), read
-    return load_config(None, read.overrides, profile=profile), read
+        return load_config_text(read.yaml_text, extra, profile=profile, lenient=lenient), read
+    cfg = load_config(None, read.overrides, profile=profile, lenient=lenient)
+    for note in read.set_aside:
+        cfg.unknown[note.split(":", 1)[0]] = note.split(":", 1)[1].strip()
+    return cfg, read

@@ -41,6 +41,9 @@ def _override_value(raw: str) -> Any:
     return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
+_NONE = object()
+"""No value (a release's YAML that does not set a key)."""
+
 MAX_SIZE = 2**48
 """The largest integer a key may hold: beyond it no GPU, batch or index is real (and numpy's index type ends)."""
 
@@ -50,9 +53,11 @@ class ConfigError(InputError):
 
 
 def _verl_keys() -> set[str]:
-    """Every key of verl's generated ppo_trainer.yaml (0.7.1 and 0.9.1): accepted, not modelled."""
+    """Every key of verl's generated ppo_trainer.yaml (0.7.1 and 0.9.1) and of the releases before 0.5 (their own
+    ppo_trainer.yaml, ``data/verl_old_releases.json``): accepted, not modelled."""
     blob = json.loads((DATA_DIR / "verl_config_keys.json").read_text())
-    return {k for keys in blob["keys"].values() for k in keys}
+    old = json.loads((DATA_DIR / "verl_old_releases.json").read_text())["releases"]
+    return {k for keys in [*blob["keys"].values(), *old.values()] for k in keys}
 
 
 _VERL_KEYS: set[str] | None = None
@@ -172,6 +177,11 @@ class VerlConfig:
     added: dict[str, Any] = field(default_factory=dict)  # +key=value outside verl's schema: accepted, not modelled
     release: Release | None = None  # the verl release the user named (--verl), else None: the profile's own version
     hydra_stops: list[str] = field(default_factory=list)  # overrides verl's Hydra refuses (the rest is still read)
+    lenient: bool = False
+    """``labkit memory``: a key no verl release has (a fork's, a recipe's, a typo) is recorded in ``unknown`` and the
+    answer goes on without it, instead of refusing the config."""
+    unknown: dict[str, str] = field(default_factory=dict)
+    """What a lenient read set aside: key (or Hydra flag) -> why it is ignored for memory."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -193,9 +203,28 @@ class VerlConfig:
                 if m:
                     return self._resolve(path, m, _seen + (path,))
             return value
+        old = self._old_default(key)
+        if old is not _NONE:
+            return old
         if key.follows is not None:
             return self.get(key.follows, _seen + (path,))
         return key.default_for(self.profile)
+
+    def _old_default(self, key: Key) -> Any:
+        """A release before 0.5 (``--verl 0.3``): its own YAML's default of ``key`` (interpolations resolved against
+        this config), or ``_NONE`` when its YAML has no value labkit can take for it."""
+        rel = self.release
+        if rel is None or not rel.has_key(key.path):
+            return _NONE
+        value = rel.yaml_default(key.path)
+        if isinstance(value, str):
+            m = _INTERP.match(value.strip())
+            if m:
+                target = m.group(1).strip()
+                return self.get(target, (key.path,)) if target in KEYS else _NONE
+        if value is None and not key.nullable:
+            return _NONE
+        return _coerce(key, value, f"verl {rel.version}'s default of '{key.path}'")
 
     def _resolve(self, path: str, m: re.Match, seen: tuple) -> Any:
         target, fallback = m.group(1).strip(), m.group(2)
@@ -213,7 +242,9 @@ class VerlConfig:
         return _coerce(KEYS[path], default, f"interpolation default of '{path}'")
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("profile", "values", "ignored", "added", "release", "hydra_stops"):
+        if name.startswith("_") or name in (
+            "profile", "values", "ignored", "added", "release", "hydra_stops", "lenient", "unknown"
+        ):  # fmt: skip
             raise AttributeError(name)
         return _Node(self, name)
 
@@ -252,6 +283,11 @@ class VerlConfig:
                 self.hydra_stops.append(f"{origin}: {_hydra_stop(self.profile, path, value, key)}")
                 return self
             hint = closest_key(path)
+            if self.lenient:
+                self.unknown[f"{path}={value}"] = "not a key of any verl release labkit reads" + (
+                    f" (did you mean '{hint}'?)" if hint else ""
+                )
+                return self
             raise ConfigError(f"{origin}: unknown key '{path}'." + (f" Did you mean '{hint}'?" if hint else ""))
         self.values[path] = _coerce(key, value, origin)
         return self
@@ -319,7 +355,14 @@ class VerlConfig:
 
     def copy(self) -> VerlConfig:
         return VerlConfig(
-            self.profile, dict(self.values), dict(self.ignored), dict(self.added), self.release, list(self.hydra_stops)
+            self.profile,
+            dict(self.values),
+            dict(self.ignored),
+            dict(self.added),
+            self.release,
+            list(self.hydra_stops),
+            self.lenient,
+            dict(self.unknown),
         )
 
     # -- derived quantities, named as verl names them ---------------------------------------------
@@ -336,7 +379,10 @@ class VerlConfig:
 
     @property
     def need_reference_policy(self) -> bool:
-        """Mirrors verl/trainer/ppo/utils.py: need_reference_policy (in-reward KL or KL loss)."""
+        """Mirrors verl/trainer/ppo/utils.py: need_reference_policy (in-reward KL or KL loss); verl up to 0.3 builds
+        and runs the reference whatever the KL settings (``main_ppo`` maps ``Role.RefPolicy`` always)."""
+        if self.release is not None and self.release.memory.ref_always:
+            return True
         return bool(self.get("algorithm.use_kl_in_reward") or self.get("actor_rollout_ref.actor.use_kl_loss"))
 
 
@@ -355,21 +401,28 @@ class _Node:
         self._cfg.get(path)  # raises ConfigError with a suggestion
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), profile: str = "engine") -> VerlConfig:
-    """Load a verl-style YAML (optional) and apply Hydra-style overrides, for ``profile`` legacy|engine."""
+def load_config(
+    path: str | Path | None = None, overrides: Iterable[str] = (), profile: str = "engine", lenient: bool = False
+) -> VerlConfig:
+    """Load a verl-style YAML (optional) and apply Hydra-style overrides, for ``profile`` legacy|engine;
+    ``lenient``: keys no verl release has are set aside (``VerlConfig.unknown``), not refused."""
     if path is None:
-        return VerlConfig(profile=profile).override(overrides)
+        return VerlConfig(profile=profile, lenient=lenient).override(overrides)
     try:
         text = read_config_text(path)
     except YamlInputError as exc:
         raise ConfigError(f"{path}: {exc}.") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_config_text(text, overrides, profile=profile, origin=str(path))
+    return load_config_text(text, overrides, profile=profile, origin=str(path), lenient=lenient)
 
 
 def load_config_text(
-    text: str, overrides: Iterable[str] = (), profile: str = "engine", origin: str = "the pasted YAML"
+    text: str,
+    overrides: Iterable[str] = (),
+    profile: str = "engine",
+    origin: str = "the pasted YAML",
+    lenient: bool = False,
 ) -> VerlConfig:
     """``load_config`` for a YAML document held in a string (a pasted config); ``origin`` prefixes every error."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
@@ -386,7 +439,7 @@ def load_config_text(
         raise ConfigError(f"{origin}: expected a mapping at the top level, got {type(tree).__name__}.")
     for top in ("defaults", "hydra"):
         tree.pop(top, None)
-    cfg = VerlConfig(profile=profile)
+    cfg = VerlConfig(profile=profile, lenient=lenient)
     for key, value in _flatten(tree).items():
         cfg.set(key, value, origin=origin)
     return cfg.override(overrides)

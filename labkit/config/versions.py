@@ -4,7 +4,9 @@ where its batch path differs from what labkit models.
 The facts come from each release's own code: 0.5.x registers the FSDP workers' data methods with
 ``Dispatch.DP_COMPUTE_PROTO`` (the all-gather dispatch); 0.6.x and 0.7.x run the legacy ``fsdp_workers.py`` by default
 (``trainer.use_legacy_worker_impl=auto``); 0.8.0 ships ``engine_workers.py`` only (no legacy workers, no v1 loop);
-0.9.0 adds the v1 loop (``trainer.use_v1: true``). Up to 0.9.0 ``verl/utils/seqlen_balancing.py:
+0.9.0 adds the v1 loop (``trainer.use_v1: true``). The releases before 0.5 (0.1 as the forks vendor it, 0.2, 0.3,
+0.4) run the legacy workers with their own YAML defaults (``data/verl_old_releases.json``) and the memory behaviour
+``ReleaseMemory`` records, each read from the release's code. Up to 0.9.0 ``verl/utils/seqlen_balancing.py:
 rearrange_micro_batches`` sets the micro-batch count from the token budget and never re-checks it (a micro-batch may
 exceed the budget); 0.9.1 grows the count until every micro-batch fits. 0.9.0's synthetic v1 padding rows are 2 tokens
 (``verl/trainer/ppo/padding_utils.py``), 0.9.1's 128.
@@ -12,11 +14,48 @@ exceed the budget); 0.9.1 grows the count until every micro-batch fits. 0.9.0's 
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from labkit.config.messages import InputError
+
+OLD_RELEASES = Path(__file__).resolve().parents[2] / "data" / "verl_old_releases.json"
+
+
+@dataclass(frozen=True)
+class ReleaseMemory:
+    """What a release's workers did that moves GPU memory, where it differs from 0.5 onwards (each read from the
+    release's code; labkit.memory prices them)."""
+
+    entropy_always: bool = False
+    """``dp_actor.py: _forward_micro_batch`` returns the full-vocabulary entropy on every call (0.1 to 0.3): the
+    actor's and the reference's log-prob forwards compute it and drop it, the update keeps it in the graph whatever
+    ``entropy_coeff``. 0.4's ``calculate_entropy`` (#1100) computes it where it is used."""
+    ce_inplace_backward: bool = True
+    """flash-attn's cross-entropy writes its gradient into the logits (``inplace_backward``, #1212, 0.4); before,
+    its backward makes a gradient of the logits' size of its own."""
+    ref_always: bool = False
+    """``main_ppo`` always maps ``Role.RefPolicy`` and the trainer always runs ``compute_ref_log_prob`` (0.1 to 0.3:
+    the KL goes into the loss or the reward); from 0.4 only with ``use_kl_loss`` or ``use_kl_in_reward``."""
+    ref_offloaded: bool = True
+    """The reference is built under FSDP ``CPUOffload(offload_params=True)`` (from 0.2): its parameters live on the
+    CPU. 0.1 as vendored keeps it on the GPU in bf16 unless ``ref.fsdp_config.param_offload``."""
+    vllm_share_of_free: bool = False
+    """vLLM 0.6.3 through verl's patched worker (``third_party/vllm/vllm_v_0_6_3/worker.py:
+    determine_num_available_blocks``): the KV pool is ``gpu_memory_utilization`` × the memory still free once the
+    models are loaded and vLLM has profiled, fixed at start-up, before any Adam state exists."""
+    actor_in_generate: bool = False
+    """``generate_sequences`` loads the actor before the rollout and keeps it on the GPU through generation, even
+    with ``param_offload`` (0.1, 0.2; 0.3 with vLLM ≥ 0.7 wakes the engine before it offloads the actor)."""
+    micro_times_n: bool = False
+    """The deprecated global micro sizes count prompts: the worker divides them by the DP size and multiplies them
+    by ``rollout.n`` (verl's main from #80 to #136, January 2025, which the forks vendor)."""
+    notes: tuple[str, ...] = field(default=())
+    """What the answer says of this release's memory, beyond the flags."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +75,17 @@ class Release:
     """Tokens of one synthetic v1 padding row (0.9.1: 128; 0.9.0: 2)."""
     differences: tuple[str, ...] = ()
     """Where this release's batch path differs from what labkit models, said with every answer."""
+    memory: ReleaseMemory = ReleaseMemory()
+    """What its workers did that moves GPU memory (0.5 onwards: the defaults)."""
+
+    def yaml_default(self, key: str) -> Any:
+        """The release's own YAML default of ``key`` (releases before 0.5; KeyError when it has none)."""
+        return old_yaml(self.version)[key]
+
+    def has_key(self, key: str) -> bool | None:
+        """Whether the release's YAML has ``key`` (None: a release labkit reads from its own key lists)."""
+        table = old_yaml(self.version) if self.version in OLD else None
+        return None if table is None else key in table
 
     @property
     def label(self) -> str:
@@ -44,7 +94,90 @@ class Release:
 
 
 _LEGACY_ORACLE = "labkit's legacy profile is checked against verl 0.7.1's code"
+OLD = ("0.1", "0.2", "0.3", "0.4")
+_OLD_NOTE = "its defaults are its own YAML's (remove padding off); its batch checks are 0.7.1's"
+
+
+@cache
+def old_yaml(version: str) -> dict[str, Any]:
+    """The YAML defaults of a release before 0.5 (``data/verl_old_releases.json``)."""
+    return json.loads(OLD_RELEASES.read_text())["releases"][version]
+
+
 RELEASES: dict[str, Release] = {
+    "0.1": Release(
+        "0.1",
+        "legacy",
+        None,
+        dispatch="all_gather",
+        differences=(
+            "0.1 is verl's main of January 2025, as TinyZero, Search-R1, DeepScaleR, ToolRL and Logic-RL vendor it "
+            "(its version file says 0.1; the v0.1 tag of December 2024 has no remove-padding)",
+            _OLD_NOTE,
+        ),
+        memory=ReleaseMemory(
+            entropy_always=True,
+            ce_inplace_backward=False,
+            ref_always=True,
+            ref_offloaded=False,
+            vllm_share_of_free=True,
+            actor_in_generate=True,
+            micro_times_n=True,
+            notes=(
+                "gpu_memory_utilization is a share of the memory free after the models loaded (vLLM 0.6.3), sized "
+                "before any Adam state exists",
+                "the reference is resident in bf16 unless ref.fsdp_config.param_offload",
+            ),
+        ),
+    ),
+    "0.2": Release(
+        "0.2",
+        "legacy",
+        None,
+        dispatch="all_gather",
+        differences=(_OLD_NOTE,),
+        memory=ReleaseMemory(
+            entropy_always=True,
+            ce_inplace_backward=False,
+            ref_always=True,
+            vllm_share_of_free=True,
+            actor_in_generate=True,
+            notes=(
+                "gpu_memory_utilization is a share of the memory free after the models loaded (vLLM 0.6.3), sized "
+                "before any Adam state exists",
+            ),
+        ),
+    ),
+    "0.3": Release(
+        "0.3",
+        "legacy",
+        None,
+        dispatch="all_gather",
+        differences=(_OLD_NOTE,),
+        memory=ReleaseMemory(
+            entropy_always=True,
+            ce_inplace_backward=False,
+            ref_always=True,
+            actor_in_generate=True,
+            notes=(
+                "priced with vLLM 0.8 (gpu_memory_utilization a share of the whole GPU, sleep mode); with vLLM 0.6.3 "
+                "0.3 sized the KV pool from the memory left free after the models loaded",
+            ),
+        ),
+    ),
+    "0.4": Release(
+        "0.4",
+        "legacy",
+        None,
+        dispatch="all_gather",
+        differences=(_OLD_NOTE,),
+        memory=ReleaseMemory(
+            notes=(
+                "priced with vLLM 0.8 (gpu_memory_utilization a share of the whole GPU, sleep mode); with vLLM 0.6.3 "
+                "0.4 sized the KV pool from the memory left free after the models loaded",
+            ),
+        ),
+    ),
     "0.5": Release(
         "0.5",
         "legacy",
@@ -81,7 +214,23 @@ RELEASES: dict[str, Release] = {
     ),
     "0.9.1": Release("0.9.1", "engine", True),
 }
-_ALIASES = {"0.5.0": "0.5", "0.6.0": "0.6", "0.6.1": "0.6", "0.7.0": "0.7", "0.7.1": "0.7", "0.8.0": "0.8"}
+_ALIASES = {
+    "0.1.0": "0.1",
+    "0.2.0": "0.2",
+    "0.2.0.post1": "0.2",
+    "0.2.0.post2": "0.2",
+    "0.3.0": "0.3",
+    "0.3.0.post0": "0.3",
+    "0.3.0.post1": "0.3",
+    "0.4.0": "0.4",
+    "0.4.1": "0.4",
+    "0.5.0": "0.5",
+    "0.6.0": "0.6",
+    "0.6.1": "0.6",
+    "0.7.0": "0.7",
+    "0.7.1": "0.7",
+    "0.8.0": "0.8",
+}
 
 
 class VersionError(InputError):
@@ -90,11 +239,11 @@ class VersionError(InputError):
 
 def release(text: str) -> Release:
     """The release ``text`` names (``0.8``, ``0.8.0``, ``v0.9.1``); VersionError for one labkit does not model."""
-    key = re.sub(r"^v", "", str(text).strip())
+    key = re.sub(r"^v", "", str(text).strip()).removesuffix(".rc0")
     key = _ALIASES.get(key, key)
     if key not in RELEASES:
-        known = ", ".join(sorted({*RELEASES, *_ALIASES}, key=lambda v: [int(x) for x in v.split(".")]))
-        raise VersionError(f"--verl {text}: labkit models verl {known} (older releases are not modelled)")
+        known = ", ".join(RELEASES)
+        raise VersionError(f"--verl {text}: labkit models verl {known} (and their point releases, e.g. 0.3.0.post1)")
     return RELEASES[key]
 
 

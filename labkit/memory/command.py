@@ -192,7 +192,10 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
     short = [n for n in rep.phases if rep.state(n)[0] != "fits"]
     if not short:
         least = min(rep.state(n)[1] for n in rep.phases)
-        lines.append(f"verdict: every phase fits, at least {_gib(least)} left (margin {_gib(s.margin_bytes)}).")
+        if rep.verdict == "fits_unless":
+            lines.append(f"verdict: fits at these lengths, at least {_gib(least)} left; {_unless(rep)}.")
+        else:
+            lines.append(f"verdict: every phase fits, at least {_gib(least)} left (margin {_gib(s.margin_bytes)}).")
         return "\n".join(lines)
     if rep.first_oom is None:
         left = {n: rep.state(n)[1] for n in short}
@@ -205,9 +208,13 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
         p = rep.phases[rep.first_oom]
         over = p.peak_bytes - s.gpu_bytes
         why = f"exceeds the GPU by {_gib(over)}" if over > 0 else "cannot start its engine"
+        at = " at full width" if rep.full_width is None else " even at these lengths"
         lines.append(
-            f"verdict: {rep.first_oom} is the first phase that OOMs: it {why} (largest term: {next(iter(p.terms))})."
+            f"verdict: {rep.first_oom} is the first phase that OOMs{at}: it {why} (largest term: "
+            f"{next(iter(p.terms))})."
         )
+        if rep.full_width is None and rep.break_even.get(rep.first_oom):
+            lines.append(f"  {_while(rep, rep.first_oom)}")
     if rep.verl_error is not None:
         lines.append(
             f"note: verl rejects this config before any memory fix ({rep.verl_error}: `labkit check` says why)"
@@ -233,6 +240,25 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             "larger GPU or a smaller model"
         )
     return "\n".join(lines)
+
+
+def _while(rep: MemoryReport, phase: str) -> str:
+    """``it fits while responses stay under N tokens`` for one phase's break-even."""
+    return (
+        f"{phase} fits while responses stay within {rep.break_even[phase]:,} tokens (every sample "
+        f"{rep.prompt_tokens:,} prompt + that many response tokens, packed)"
+    )
+
+
+def _unless(rep: MemoryReport) -> str:
+    """``unless responses reach N tokens``: the phases that do not fit at full width and their break-evens."""
+    full = rep.full_width or {}
+    parts = []
+    for name, tokens in rep.break_even.items():
+        need = _gib(full[name].peak_bytes) if name in full else "?"
+        reach = f"responses reach {tokens + 1:,} tokens" if tokens else "rows reach full width"
+        parts.append(f"{name} OOMs if {reach} (at full width it needs {need})")
+    return "not at full width: " + "; ".join(parts) if parts else "not at full width"
 
 
 def _model_lines(rep: MemoryReport) -> list[str]:
@@ -274,8 +300,10 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     traced = None
     if getattr(ns, "trace", None) is not None and tracer is not None:
         traced = _trace(cfg, rep, ns.trace, tracer)
+    set_aside = [{"key": k, "why": why} for k, why in cfg.unknown.items()]
     if ns.json:
         doc = rep.to_dict()
+        doc["not_priced"] = set_aside
         if note:
             print(note, file=sys.stderr)
         if traced is not None:
@@ -285,6 +313,8 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     else:
         if note:
             print(note)
+        for item in set_aside:
+            print(f"ignored for memory: {item['key']}: {item['why']}")
         print(render_text(rep, ParallelLayout.from_config(cfg)))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))

@@ -120,7 +120,7 @@ def offload(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
     if not s.optimizer_offload:
         cost = "Adam states cross PCIe once a step; same math"
         out.append(Candidate(f"{ACTOR}.fsdp_config.optimizer_offload", [{"optimizer_offload": True}], cost))
-    if s.need_ref and not s.ref_param_offload:
+    if s.need_ref and not s.ref_offloaded and not s.ref_param_offload:
         cost = "ref params cross PCIe; same math"
         out.append(Candidate(f"{REF}.fsdp_config.param_offload", [{"ref_param_offload": True}], cost))
     return out

@@ -39,6 +39,10 @@ def stage_layers(m: ModelShape, layout: ParallelLayout, stage: int) -> tuple[tup
             raise ValueError(error)
         return layout_layers(layout.pipeline_layout, layout.pp, stage)
     first, last = layout.first_stage_layers, layout.last_stage_layers
+    if first is None and last is None and layout.split_slots:
+        return _slotted_layers(
+            m.num_hidden_layers, layout.pp, layout.vpp or 1, stage, layout.embedding_slot, layout.split_slots
+        )
     if first is None and last is None:
         return _stage_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage)
     return _uneven_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage, first, last)
@@ -60,6 +64,24 @@ def _uneven_layers(total: int, pp: int, v: int, stage: int, first: int | None, l
         counts[-1] = last
     start = sum(counts[:stage])
     return (tuple(range(start, start + counts[stage])),)
+
+
+@lru_cache(maxsize=1024)
+def _slotted_layers(total: int, pp: int, v: int, stage: int, embedding: bool, slots: int) -> tuple:
+    """The even split with the embedding and/or the loss counted as a layer (megatron-core's
+    ``get_num_layers_to_build``): (L + slots)/(PP·V) per virtual stage, one fewer where the embedding (first) or the
+    loss (last virtual stage) sits; layers are laid out in virtual-stage order."""
+    counts = _stage_layers(total + slots, pp, v, 0)  # raises like megatron-core when the split is uneven
+    per = len(counts[0])
+    sizes = [per] * (pp * v)
+    if embedding:
+        sizes[0] -= 1
+    if slots - embedding:
+        sizes[-1] -= 1
+    if min(sizes) < 0:
+        raise ValueError("Not enough layers in the first or last virtual pipeline stage")
+    starts = [sum(sizes[:i]) for i in range(pp * v)]
+    return tuple(tuple(range(starts[c * pp + stage], starts[c * pp + stage] + sizes[c * pp + stage])) for c in range(v))
 
 
 @lru_cache(maxsize=1024)
@@ -172,24 +194,53 @@ class Residency:
     need_critic: bool = False
     critic_param_offload: bool = False
     critic_optimizer_offload: bool = False
+    optimizer: OptimizerBytes = None  # type: ignore[assignment]
+    """The actor's optimizer as megatron-core's OptimizerConfig sets it (None: Adam, fp32, all on the GPU)."""
+    critic_optimizer: OptimizerBytes = None  # type: ignore[assignment]
 
 
-def model_states(m: ModelShape, layout: ParallelLayout, stage: int, critic: bool = False) -> dict[str, int]:
-    """One model's states on a rank of ``stage``: bf16 params (2 B), fp32 main grads (4 B, unsharded), optimizer
-    (12 B: over DP·CP for dense, expert DP for experts, with the distributed optimizer; unsharded without)."""
+@dataclass(frozen=True)
+class OptimizerBytes:
+    """Bytes a parameter's optimizer holds on the GPU: master weight and Adam moments (``main_params_dtype``,
+    ``exp_avg_dtype``, ``exp_avg_sq_dtype`` of the precision-aware optimizer; fp32 each by default), the share
+    ``optimizer_cpu_offload`` keeps on the GPU (1 − ``optimizer_offload_fraction``; megatron-core's
+    ``HybridDeviceOptimizer`` moves that fraction of the parameters and their states to CPU Adam), and the main
+    gradient's bytes (``main_grads_dtype``)."""
+
+    main: int = 4
+    exp_avg: int = 4
+    exp_avg_sq: int = 4
+    gpu_share: float = 1.0
+    grad: int = 4
+
+    @property
+    def per_param(self) -> float:
+        return (self.main + self.exp_avg + self.exp_avg_sq) * self.gpu_share
+
+
+ADAM = OptimizerBytes()
+
+
+def model_states(
+    m: ModelShape, layout: ParallelLayout, stage: int, critic: bool = False, opt: OptimizerBytes | None = None
+) -> dict[str, int]:
+    """One model's states on a rank of ``stage``: bf16 params (2 B), main grads (fp32 4 B, unsharded), optimizer
+    (``OptimizerBytes``: 12 B fp32 by default, over DP·CP for dense, expert DP for experts, with the distributed
+    optimizer; unsharded without)."""
+    o = opt or ADAM
     phi, experts = stage_params(m, layout, stage, value_head=critic)
     if layout.use_distributed_optimizer:
         dp_cp = max(layout.dp_size * layout.cp, 1)
-        opt = 12 * (phi - experts) // dp_cp + 12 * experts // max(layout.expert_dp_size, 1)
+        shards = (phi - experts) / dp_cp + experts / max(layout.expert_dp_size, 1)
     else:
-        opt = 12 * phi
-    return {"params": 2 * phi, "grads": 4 * phi, "optimizer": opt}
+        shards = phi
+    return {"params": 2 * phi, "grads": o.grad * phi, "optimizer": int(o.per_param * shards)}
 
 
 def residents(m: ModelShape, layout: ParallelLayout, stage: int, phase: str, r: Residency) -> dict[str, int]:
     """Model states on the GPU during ``phase`` (verl's engine: train mode loads params, grads and optimizer, eval
     mode the params only; everything offloaded goes back to CPU on exit)."""
-    actor = model_states(m, layout, stage)
+    actor = model_states(m, layout, stage, opt=r.optimizer)
     out: dict[str, int] = {}
     on = phase in ("old_log_prob", "update_actor")
     out["bf16_params"] = actor["params"] if on or not r.param_offload else 0
@@ -199,7 +250,7 @@ def residents(m: ModelShape, layout: ParallelLayout, stage: int, phase: str, r: 
         ref_off = r.param_offload if r.ref_param_offload is None else r.ref_param_offload
         out["ref_bf16_params"] = actor["params"] if phase == "ref_log_prob" or not ref_off else 0
     if r.need_critic:
-        c = model_states(m, layout, stage, critic=True)
+        c = model_states(m, layout, stage, critic=True, opt=r.critic_optimizer)
         on = phase in ("values", "update_critic")
         out["critic_bf16_params"] = c["params"] if on or not r.critic_param_offload else 0
         out["critic_fp32_main_grads"] = c["grads"] if phase == "update_critic" or not r.critic_param_offload else 0

@@ -17,6 +17,8 @@ from labkit.config.keys import ACTOR, ARR, REF
 from labkit.config.verl_config import ConfigError
 from labkit.memory.headroom import add_headroom
 from labkit.memory.megatron_memory import Recompute, Residency, StageInputs, megatron_memory, residents
+from labkit.memory.megatron_params import OptimizerBytes
+from labkit.memory.settings import dtype_bytes, raw_value
 from labkit.memory.phases import Phase, generate
 from labkit.memory.settings import MemorySettings
 from labkit.plan.context import Ctx
@@ -46,10 +48,52 @@ def recompute_of(cfg: Any, phase: str) -> Recompute:
     )
 
 
+def optimizer_of(cfg: Any, role: str) -> OptimizerBytes:
+    """The role's optimizer bytes from ``<role>.optim`` and its ``override_optimizer_config`` (megatron-core's
+    OptimizerConfig fields verl passes through): CPU offload and its fraction, the precision-aware dtypes.
+    ConfigError for a fraction outside [0, 1] or a dtype verl would not read."""
+    base, over = f"{role}.optim", f"{role}.optim.override_optimizer_config"
+
+    def value(name: str, default: Any = None) -> Any:
+        return raw_value(cfg, f"{over}.{name}", raw_value(cfg, f"{base}.{name}", default))
+
+    def flag(name: str) -> bool:
+        return str(value(name, False)).strip().lower() in ("true", "1")
+
+    offload = flag("optimizer_cpu_offload")
+    try:
+        fraction = float(value("optimizer_offload_fraction", 0.0))
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"'{over}.optimizer_offload_fraction' is {value('optimizer_offload_fraction')!r}; a number"
+        ) from None
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(
+            f"'{over}.optimizer_offload_fraction' is {fraction}; it is the share of the optimizer megatron-core moves "
+            "to the CPU, from 0 to 1"
+        )
+    aware = flag("use_precision_aware_optimizer")
+    dtypes = {n: dtype_bytes(cfg, f"{over}.{n}", dtype_bytes(cfg, f"{base}.{n}", 4)) if aware else 4 for n in DTYPES}
+    remainders = aware and not offload and str(value("store_param_remainders", True)).lower() != "false"
+    main = 2 if remainders and dtypes["main_params_dtype"] == 4 else dtypes["main_params_dtype"]
+    return OptimizerBytes(
+        main=main,
+        exp_avg=dtypes["exp_avg_dtype"],
+        exp_avg_sq=dtypes["exp_avg_sq_dtype"],
+        gpu_share=1.0 - fraction if offload else 1.0,
+        grad=dtypes["main_grads_dtype"],
+    )
+
+
+DTYPES = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+
+
 def residency_of(cfg: Any, s: MemorySettings) -> Residency:
     """Which models share the GPU and what each offloads (``<role>.megatron.param_offload``/``optimizer_offload``)."""
     g = cfg.get
     return Residency(
+        optimizer=optimizer_of(cfg, ACTOR),
+        critic_optimizer=optimizer_of(cfg, "critic"),
         param_offload=bool(g(f"{ACTOR}.megatron.param_offload")),
         optimizer_offload=bool(g(f"{ACTOR}.megatron.optimizer_offload")),
         need_ref=s.need_ref,

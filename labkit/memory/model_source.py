@@ -43,7 +43,8 @@ def _aliases() -> dict[str, str]:
     table = json.loads((DATA / "model_shapes.json").read_text())["models"]
     for key, entry in table.items():
         base = str(entry.get("source", key)).rsplit("/", 1)[-1]
-        for spelling in (key, str(entry.get("source", key)), base):
+        same = [s for repo in entry.get("same_shape", ()) for s in (repo, repo.rsplit("/", 1)[-1])]
+        for spelling in (key, str(entry.get("source", key)), base, *same):
             for s in (spelling, _VARIANT.sub("", spelling)):
                 out.setdefault(_norm(s), key)
     return out

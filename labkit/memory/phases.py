@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from labkit.memory import terms as t
 from labkit.memory.kv_cache import kv_layout
 from labkit.memory.logprob import logprob_peak_bytes
+from labkit.memory.lora import vllm_lora_bytes
 from labkit.memory.phase_info import model_info, vision_info
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import ModelShape
@@ -65,20 +66,27 @@ def _residents(s: MemorySettings, phase: str) -> dict[str, int]:
     m, f = s.model, s.fsdp_world
     p = t.param_count(m)
     pc = p - m.lm_head_param_count() + m.hidden_size  # critic: value head H×1 instead of the LM head
-    actor_phase = phase in ("old_log_prob", "update_actor")
+    actor_phase = (
+        phase in ("old_log_prob", "update_actor")
+        or (phase == "generate" and s.actor_in_generate)
+        or (phase == "ref_log_prob" and s.lora is not None)  # LoRA: the reference is the actor, adapters off
+    )
     on_gpu = not s.offload_policy
+    mb, cb = s.master_bytes, s.critic_master_bytes  # a gradient and each Adam state take the parameter's dtype
+    adapters = s.lora.params if s.lora is not None else 0
+    trained = adapters if s.lora is not None else p  # LoRA: only the adapters have gradients and Adam states
     out = {
-        "params": s.master_bytes * p // f if on_gpu and (actor_phase or not s.param_offload) else 0,
-        "optimizer": 8 * p // f if on_gpu and (phase == "update_actor" or not s.optimizer_offload) else 0,
-        "grads": 4 * p // f if on_gpu and phase == "update_actor" else 0,
+        "params": mb * (p + adapters) // f if on_gpu and (actor_phase or not s.param_offload) else 0,
+        "optimizer": 2 * mb * trained // f if on_gpu and (phase == "update_actor" or not s.optimizer_offload) else 0,
+        "grads": mb * trained // f if on_gpu and phase == "update_actor" else 0,
     }
-    if s.need_ref:
-        out["ref_params"] = s.master_bytes * p // f if phase == "ref_log_prob" or not s.ref_param_offload else 0
+    if s.need_ref and not s.ref_offloaded and s.lora is None:  # verl's reference lives on the CPU (CPUOffload)
+        out["ref_params"] = s.ref_bytes * p // f if phase == "ref_log_prob" or not s.ref_param_offload else 0
     if s.need_critic:
         critic_phase = phase in ("values", "update_critic")
-        out["critic_params"] = s.master_bytes * pc // f if critic_phase or not s.critic_param_offload else 0
-        out["critic_optimizer"] = 8 * pc // f if phase == "update_critic" or not s.critic_optimizer_offload else 0
-        out["critic_grads"] = 4 * pc // f if phase == "update_critic" else 0
+        out["critic_params"] = cb * pc // f if critic_phase or not s.critic_param_offload else 0
+        out["critic_optimizer"] = 2 * cb * pc // f if phase == "update_critic" or not s.critic_optimizer_offload else 0
+        out["critic_grads"] = cb * pc // f if phase == "update_critic" else 0
     if phase != "generate" and not s.free_cache_engine:
         out["rollout_share"] = int(s.gpu_memory_utilization * s.gpu_bytes)
     return out
@@ -101,9 +109,16 @@ def generate(s: MemorySettings) -> Phase:
     routed = t.routed_param_count(m)  # vLLM splits a MoE's routed experts over TP·DP, the rest over TP
     weights = b * (t.param_count(m) - routed) // tp + b * routed // (tp * s.rollout_dp)
     acts = t.rollout_activation_bytes(m, b, tp, s.max_num_batched_tokens, s.max_num_seqs)
+    slots = vllm_lora_bytes(m, s.lora, b, tp) if s.lora is not None and s.rollout_name != "sglang" else 0
+    weights_and_slots = weights + slots
     # vLLM profiles its activations inside u·C; SGLang's mem_fraction_static (verl passes u) covers weights + KV,
     # its activations and CUDA graphs take the memory above it (verl/workers/rollout/sglang_rollout)
-    kv = share - weights - (0 if s.rollout_name == "sglang" else acts)
+    kv = share - weights_and_slots - (0 if s.rollout_name == "sglang" else acts)
+    if s.vllm_share_of_free:  # vLLM 0.6.3 (verl 0.1/0.2): u × what is free at start-up, before any Adam state
+        at_start = _start_up_residents(s)
+        free = s.gpu_bytes - s.cuda_context_bytes - at_start - weights_and_slots - acts
+        kv = int(s.gpu_memory_utilization * free)
+        share = weights_and_slots + acts + max(kv, 0)
     layout = kv_layout(m, b, tp)
     per_token = layout.per_token + layout.window_per_token
     per_sequence = layout.sequence_bytes(s.max_model_len)
@@ -139,7 +154,16 @@ def generate(s: MemorySettings) -> Phase:
             f"sequence of max_model_len {s.max_model_len:,} needs; raise gpu_memory_utilization or rollout TP"
         )
     engine = {"rollout_weights": weights, "rollout_activations": acts, "kv_cache": max(kv, 0)}
+    if slots:
+        engine["rollout_lora"] = slots
     return Phase("generate", {"engine": {**_residents(s, "generate"), **engine}}, info)
+
+
+def _start_up_residents(s: MemorySettings) -> int:
+    """What the models hold when vLLM 0.6.3 measures the free memory (verl builds the rollout last): the actor's
+    parameters (kept there in 0.1/0.2), the critic's unless offloaded, a resident reference; no Adam state yet."""
+    residents = _residents(s, "generate")
+    return sum(v for k, v in residents.items() if k in ("params", "critic_params", "ref_params"))
 
 
 def _padded_head(s: MemorySettings, shape: PassShape, vocab: int) -> bool:
@@ -253,8 +277,11 @@ def _gathered(s: MemorySettings) -> int:
     return t.gathered_params(s.model, s.compute_bytes, s.gathered_layers) if s.fsdp else 0
 
 
-def _layer_grads(s: MemorySettings) -> int:
-    """One layer's unsharded gradient before FSDP reduce-scatters it (a plain module writes .grad directly)."""
+def _layer_grads(s: MemorySettings, critic: bool = False) -> int:
+    """One layer's unsharded gradient before FSDP reduce-scatters it (a plain module writes .grad directly); with
+    LoRA only the adapters'."""
+    if s.lora is not None and not critic:
+        return s.compute_bytes * max(s.lora.layer_params) if s.fsdp else 0
     return s.compute_bytes * t.layer_param_count(s.model) if s.fsdp else 0
 
 
@@ -278,7 +305,7 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         tower = {**base, "activations": hidden, "vision_activations": vision_forward_bytes(m, patches, b)}
         instants["layer_forward"]["image_embeds"] = image_embeds_bytes(m, shape.rows, s.image_tokens_per_sample, tok, b)
         instants = {"vision_forward": tower, **instants}
-    if name == "old_log_prob":
+    if name == "old_log_prob" or (name == "ref_log_prob" and s.entropy_always):
         logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
         rows = head_tokens(s, shape, vocab)
         entropy = {"entropy": _entropy(s, rows), **_logsumexp_temp(s, rows)}
@@ -300,11 +327,12 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     ckpt = s.critic_gradient_checkpointing if critic else s.gradient_checkpointing
     base = {**_residents(s, name), "gathered_params": _gathered(s)}
     layer_in = tok * m.hidden_size * b
-    if ckpt:
+    adapter_acts = 0 if critic or s.lora is None else tok * s.lora.rank * b * s.lora.adapters_per_layer
+    if ckpt:  # each adapter also saves its r-wide A output (LoRA)
         saved = layer_in if s.activation_offload and not critic else m.num_hidden_layers * layer_in
-        recompute = t.saved_layer_bytes(m, tok, b)
+        recompute = t.saved_layer_bytes(m, tok, b) + adapter_acts
     else:
-        saved, recompute = m.num_hidden_layers * t.saved_layer_bytes(m, tok, b), 0
+        saved, recompute = m.num_hidden_layers * (t.saved_layer_bytes(m, tok, b) + adapter_acts), 0
     patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)  # verl's critic feeds the images too
     vision = {"vision_activations": vision_saved_bytes(m, patches, b, ckpt)} if patches else {}
     # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
@@ -320,7 +348,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     # the head's backward: the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's
     # backward matmul from the logits' gradient, and the final norm's fp32 upcast of the hidden state it saved
     lm_head = {
-        "lm_head_grad": m.vocab_size * m.hidden_size * b,
+        "lm_head_grad": 0 if s.lora is not None and not critic else m.vocab_size * m.hidden_size * b,  # LoRA: frozen
         "activations": saved + _fp32_copy(s) * tok * m.hidden_size,
     }
     if vocab == 1:
@@ -341,6 +369,8 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         back = {"log_softmax": tok * vocab * 4, "logits_grad": tok * vocab * (8 + (b if b < 4 else 0))}
     else:  # the cross-entropy's gradient is written into the logits (flash_attn) or stacked from the rows (torch)
         back = {"logits": tok * vocab * b, **lm_head}
+        if not s.ce_inplace_backward and s.logprob_kernel == "flash_attn":  # before 0.4: a gradient of its own
+            back["logits_grad"] = tok * vocab * b
     extra = (
         {"backward_entropy": {**base, "activations": saved, **_entropy_backward(s, shape)}}
         if entropy and not s.fused_kernels
@@ -352,12 +382,14 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         "forward_head": fwd,
         "backward_head": {**base, "activations": saved, **back},  # back may widen the activations
         **extra,
-        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s)},
+        "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s, critic)},
     }
     p = t.param_count(m) if not critic else t.param_count(m) - m.lm_head_param_count() + m.hidden_size
     step = {k: v for k, v in base.items() if k != "gathered_params"}
+    if s.lora is not None and not critic:
+        p = s.lora.params
     if not s.offload_policy or critic:
-        step["adam_temporaries"] = 4 * p // s.fsdp_world
+        step["adam_temporaries"] = (s.critic_master_bytes if critic else s.master_bytes) * p // s.fsdp_world
     for key in instants:  # the tower's saved tensors wait through the decoder's forward and backward
         instants[key].update(vision)
     if patches:  # the tower's forward (a checkpointed block's working set on top), and its own backward, last

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
+from labkit.config.versions import OLD
+from labkit.memory.lora import LoraError, LoraSpec, lora_spec
 from labkit.memory.shapes import ModelShape, model_shape
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "16": 2}
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,30 @@ class MemorySettings:
     compute_bytes: int = 2
     """b, bytes of the compute dtype: FSDP mixed_precision.param_dtype bf16 (2); 4 for the fp32 tiny model on CPU."""
     master_bytes: int = 4
-    """Bytes of a sharded parameter: fsdp_config.model_dtype fp32 (actor, ref and critic alike)."""
+    """Bytes of the actor's sharded parameter, and so of its gradient and each Adam state (torch makes them like the
+    parameter): actor.fsdp_config.model_dtype, fp32 by default (verl trains in fp32 masters)."""
+    critic_master_bytes: int = 4
+    """The same for the critic: critic (model.)fsdp(_config).model_dtype, fp32 by default."""
+    ref_offloaded: bool = True
+    """verl builds the reference as a forward-only FSDP module under CPUOffload(offload_params=True) (FSDP1) or
+    CPUOffloadPolicy (FSDP2): its parameters live on the CPU and each unit is copied in for its all-gather
+    (``fsdp_workers.py: _build_model_optimizer`` from 0.2; ``engine/fsdp/transformer_impl.py`` for forward_only
+    engines). False: resident on the GPU (labkit's CPU ranks; verl 0.1)."""
+    entropy_always: bool = False
+    """verl up to 0.3: every actor forward computes the full-vocabulary entropy (old log-prob, the reference's
+    log-prob, the update whatever entropy_coeff; ``labkit.config.versions.ReleaseMemory``)."""
+    ce_inplace_backward: bool = True
+    """flash-attn's cross-entropy writes its gradient into the logits (0.4 on); before, a gradient of its own."""
+    vllm_share_of_free: bool = False
+    """vLLM 0.6.3 in verl 0.1/0.2: the KV pool is u × the memory free after the models loaded, at start-up."""
+    actor_in_generate: bool = False
+    """verl 0.1 to 0.3: the actor's parameters stay on the GPU through generation, param_offload or not."""
+    lora: LoraSpec | None = None
+    """The actor's LoRA adapters (``model.lora_rank`` > 0, or 0.9.1's ``model.lora.rank``): base frozen, adapters
+    train, the reference is the actor with adapters off (``labkit.memory.lora``)."""
+    ref_bytes: int = 4
+    """Bytes of a resident reference parameter: ref.fsdp_config.model_dtype (fp32 in verl's YAML since 0.5; a
+    forward-only model without it loads in bf16)."""
     rollout_bytes: int = 2
     """Bytes of an engine weight and KV entry: rollout.dtype bfloat16."""
     gpu_memory_utilization: float = 0.5
@@ -169,6 +194,7 @@ class MemorySettings:
         """Read every memory knob of ``cfg`` (a ``VerlConfig``); ``over`` replaces fields (e.g. compute_bytes=4)."""
         g = cfg.get
         shape = model if isinstance(model, ModelShape) else model_shape(model)
+        old_release = cfg.release is not None and cfg.release.version in OLD
         critic = "critic.model.fsdp_config" if cfg.profile == "legacy" else "critic.fsdp"
         values = dict(
             model=shape,
@@ -181,7 +207,7 @@ class MemorySettings:
             rollout_tp=g(f"{ROLLOUT}.tensor_model_parallel_size"),
             rollout_dp=g(f"{ROLLOUT}.data_parallel_size"),
             gpu_memory_utilization=g(f"{ROLLOUT}.gpu_memory_utilization"),
-            rollout_name=g(f"{ROLLOUT}.name"),
+            rollout_name="sglang" if g(f"{ROLLOUT}.name") == "sglang_async" else g(f"{ROLLOUT}.name"),
             free_cache_engine=g(f"{ROLLOUT}.free_cache_engine"),
             max_num_seqs=g(f"{ROLLOUT}.max_num_seqs"),
             max_num_batched_tokens=g(f"{ROLLOUT}.max_num_batched_tokens"),
@@ -200,15 +226,100 @@ class MemorySettings:
             entropy_chunk_size=g(f"{ACTOR}.entropy_from_logits_chunk_size"),
             remove_padding=bool(g(f"{MODEL if cfg.profile == 'engine' else ACTOR}.use_remove_padding")),
             fused_kernels=g(f"{MODEL}.use_fused_kernels"),
-            update_entropy=bool(g(f"{ACTOR}.calculate_entropy") or g(f"{ACTOR}.entropy_coeff") != 0),
+            update_entropy=bool(
+                g(f"{ACTOR}.calculate_entropy")
+                or g(f"{ACTOR}.entropy_coeff") != 0
+                or (cfg.release is not None and cfg.release.memory.entropy_always)
+            ),
             entropy_compiled=_flag(cfg, f"{ACTOR}.use_torch_compile", True),
             entropy_checkpointing=bool(g(f"{ACTOR}.entropy_checkpointing")),
             temperature=float(g(f"{ROLLOUT}.temperature")),
+            master_bytes=dtype_bytes(cfg, f"{ACTOR}.fsdp_config.model_dtype", 4),
+            critic_master_bytes=dtype_bytes(cfg, f"{critic}.model_dtype", 4),
+            # a forward-only model without model_dtype loads in bf16 (the YAML sets fp32 from 0.5)
+            ref_bytes=dtype_bytes(cfg, f"{REF}.fsdp_config.model_dtype", 2 if old_release else 4),
+            **_release_memory(cfg),
+            lora=actor_lora(cfg, shape),
+            compute_bytes=dtype_bytes(cfg, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype", 2),
             need_ref=cfg.need_reference_policy,
             need_critic=cfg.need_critic,
         )
         values.update(over)
         return cls(**values)
+
+
+def _release_memory(cfg: Any) -> dict[str, bool]:
+    """The memory behaviour of the release ``--verl`` names (``labkit.config.versions.ReleaseMemory``)."""
+    if cfg.release is None:
+        return {}
+    m = cfg.release.memory
+    return dict(
+        entropy_always=m.entropy_always,
+        ce_inplace_backward=m.ce_inplace_backward,
+        vllm_share_of_free=m.vllm_share_of_free,
+        actor_in_generate=m.actor_in_generate,
+        ref_offloaded=m.ref_offloaded,
+    )
+
+
+def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:
+    """The actor's adapters as verl reads them: ``model.lora.rank`` (0.9.1), else ``model.lora_rank``, over
+    ``target_modules``/``exclude_modules`` of the same block; None without LoRA. ConfigError for a negative rank
+    (verl would silently train the whole model) or a target no module has (PEFT's error)."""
+    nested = raw_value(cfg, f"{MODEL}.lora.rank")
+    block = f"{MODEL}.lora." if nested not in (None, 0, "0") else f"{MODEL}."
+    rank = nested if block.endswith("lora.") else raw_value(cfg, f"{MODEL}.lora_rank", 0)
+    try:
+        rank = int(rank)
+    except (TypeError, ValueError):
+        from labkit.config.verl_config import ConfigError
+
+        raise ConfigError(
+            f"'{block}{'rank' if block.endswith('lora.') else 'lora_rank'}' is {rank!r}; verl reads an integer"
+        ) from None
+    if rank == 0:
+        return None
+    targets = raw_value(cfg, f"{block}target_modules", "all-linear")
+    exclude = raw_value(cfg, f"{block}exclude_modules")
+    merge = str(raw_value(cfg, f"{MODEL}.lora.merge", False)).lower() == "true"
+    try:
+        if rank < 0:
+            raise LoraError(
+                f"{block}{'rank' if block.endswith('lora.') else 'lora_rank'}={rank}: verl applies LoRA only for a "
+                "rank above 0 (0: no LoRA); a negative rank would silently train the whole model"
+            )
+        return lora_spec(m, rank, _hashable(targets), _hashable(exclude), merge)
+    except LoraError as exc:
+        from labkit.config.verl_config import ConfigError
+
+        raise ConfigError(str(exc)) from None
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def raw_value(cfg: Any, key: str, default: Any = None) -> Any:
+    """A verl key labkit's config schema does not model, as the user set it (kept among the ignored or added
+    overrides), else ``default``."""
+    for table in (getattr(cfg, "values", {}), getattr(cfg, "ignored", {}), getattr(cfg, "added", {})):
+        if key in table:
+            return table[key]
+    return default
+
+
+def dtype_bytes(cfg: Any, key: str, default: int) -> int:
+    """Bytes of the dtype a key names (verl's ``PrecisionType``: fp32/float32, bf16/bfloat16, fp16/float16), or
+    ``default`` when the key is not set; ConfigError for a name verl would not read."""
+    raw = raw_value(cfg, key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower().removeprefix("torch.")
+    if text not in DTYPE_BYTES:
+        from labkit.config.verl_config import ConfigError
+
+        raise ConfigError(f"'{key}' is {raw!r}; verl reads fp32, bf16 or fp16 (float32, bfloat16, float16)")
+    return DTYPE_BYTES[text]
 
 
 def _flag(cfg: Any, key: str, default: bool) -> bool:

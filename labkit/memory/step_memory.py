@@ -67,8 +67,9 @@ def phase_names(s: MemorySettings) -> list[str]:
     return [p for p in ORDER if p not in skip]
 
 
-def config_shape(cfg: Any, phase: str) -> tuple[PassShape, str]:
-    """The largest micro-batch of ``phase`` on one GPU from the config alone, and how it was sized. The keys each
+def config_shape(cfg: Any, phase: str, sample_tokens: int | None = None) -> tuple[PassShape, str]:
+    """The largest micro-batch of ``phase`` on one GPU from the config alone, and how it was sized: every sample at
+    full width, or at ``sample_tokens`` (packed rows; a padded row is full width whatever its sample). The keys each
     profile reads are the planner's (``labkit.plan.roles.params``: the engine's old log-prob follows
     actor.use_dynamic_bsz, its critic is dynamic on sp=1, legacy normalises deprecated global sizes)."""
     geo = BatchGeometry.from_config(cfg)
@@ -78,15 +79,22 @@ def config_shape(cfg: Any, phase: str) -> tuple[PassShape, str]:
         p = None
     sp = max(1, p.sp if p is not None else 1)
     per_rank = max(1, ceil_div(geo.samples, max(1, geo.world_size // sp)))
+    if phase.startswith("update"):  # an update's micro-batches are cut from one mini-batch: M·n over the DP ranks
+        mini = cfg.get(f"{'critic' if phase == 'update_critic' else ACTOR}.ppo_mini_batch_size")
+        per_rank = min(per_rank, max(1, mini * geo.rollout_n // max(1, geo.world_size // sp)))
+    packed = p is None or p.rmpad
+    row = min(sample_tokens, geo.width) if sample_tokens and packed else geo.width
     if p is not None and p.dyn and p.budget:
-        tokens = min(p.budget * p.budget_sp, per_rank * geo.width)
+        tokens = min(p.budget * p.budget_sp, per_rank * row)
         how = f"dynamic: budget {p.budget:,} × sp {p.budget_sp} over {sp} SP rank{'s' if sp > 1 else ''}"
         if cfg.profile == "legacy":
             how += " (legacy: a target, a micro-batch can exceed it; --lengths shows by how much)"
-        return PassShape(rows=max(1, tokens // geo.width), tokens=ceil_div(tokens, sp)), how
+        return PassShape(rows=max(1, tokens // row), tokens=ceil_div(tokens, sp)), how
     rows = min(max(1, (p.micro if p is not None else None) or 1), per_rank)
-    how = f"static: {rows} rows × width {geo.width:,}" + (f" over {sp} SP ranks" if sp > 1 else "")
-    return PassShape(rows=rows, tokens=ceil_div(rows * geo.width, sp)), how
+    width = f"width {geo.width:,}" if row == geo.width else f"{row:,} tokens each (packed)"
+    how = f"static: {rows} rows × {width}" + (f" over {sp} SP ranks" if sp > 1 else "")
+    real = rows * min(sample_tokens, geo.width) if sample_tokens and not packed else None
+    return PassShape(rows=rows, tokens=ceil_div(rows * row, sp), real_tokens=real), how
 
 
 def record_shape(rec: RankRecord, width: int, sp: int) -> PassShape | None:
@@ -117,14 +125,14 @@ def _megatron(cfg: Any) -> bool:
     return BatchGeometry.from_config(cfg).parallel.is_megatron
 
 
-def step_phases(cfg: Any, s: MemorySettings) -> dict[str, Phase]:
-    """Every phase of the step from the config alone (worst case: samples at full width); Megatron's per stage
-    (``labkit.memory.megatron_step``)."""
+def step_phases(cfg: Any, s: MemorySettings, sample_tokens: int | None = None) -> dict[str, Phase]:
+    """Every phase of the step from the config alone (worst case: samples at full width; ``sample_tokens``: every
+    sample that long); Megatron's per stage (``labkit.memory.megatron_step``, at full width)."""
     if _megatron(cfg):
         return megatron_phases(cfg, s, phase_names(s))
     out = {}
     for name in phase_names(s):
-        shape, how = (None, "") if name == "generate" else config_shape(cfg, name)
+        shape, how = (None, "") if name == "generate" else config_shape(cfg, name, sample_tokens)
         out[name] = phase_of(s, name, shape)
         if how:
             out[name].info["micro_batch"] = how

@@ -7,11 +7,13 @@ never a value the config already has, and it says what it changes from and to. T
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from typing import Any
 
+from labkit.config.lengths import Uniform, check_uniform
 from labkit.config.verl_config import VerlConfig
+from labkit.memory.break_even import break_even
 from labkit.memory.fix_candidates import candidates
 from labkit.memory.headroom import gpu_settings, state
 from labkit.memory.phases import Phase
@@ -38,6 +40,26 @@ class MemoryReport:
     """The code of the error verl raises for the config itself (None: it accepts it); each fix has its own."""
     lengths_short: str = "worst case: every row at full width"
     """The same assumption in a few words (a figure's title)."""
+    full_width: dict[str, Phase] | None = None
+    """With lengths given: the phases at full width as well (the guarantee); None when ``phases`` are those."""
+    break_even: dict[str, int | None] = field(default_factory=dict)
+    """Each phase that does not fit at full width: the longest response (tokens) at which it still fits, every
+    sample that long (``labkit.memory.break_even``); None where the lengths do not move it."""
+    prompt_tokens: int = 0
+    """The prompt length the break-even assumes (the given lengths' prompt, else data.max_prompt_length)."""
+
+    @property
+    def first_oom_full_width(self) -> str | None:
+        """The first phase that OOMs with every row at full width."""
+        return first_oom(self.settings, self.full_width) if self.full_width is not None else self.first_oom
+
+    @property
+    def verdict(self) -> str:
+        """``fits`` (even at full width), ``fits_unless`` (at the expected lengths, not at full width: see
+        ``break_even``) or ``oom`` (at the expected lengths; at full width when none are given)."""
+        if self.first_oom is not None:
+            return "oom"
+        return "fits" if self.first_oom_full_width is None else "fits_unless"
 
     def state(self, name: str) -> tuple[str, int]:
         """``("fits" | "tight" | "OOM", bytes left)`` of one phase (``labkit.memory.headroom.state``)."""
@@ -56,7 +78,10 @@ class MemoryReport:
                 phases[n].update(peak_instant=p.peak_instant, info=p.info)
         out: dict[str, Any] = {
             "phases": phases,
+            "verdict": self.verdict,
             "first_oom": self.first_oom,
+            "first_oom_full_width": self.first_oom_full_width,
+            "break_even": {n: {"response_tokens": v, "prompt_tokens": self.prompt_tokens} for n, v in self.break_even.items()},
             "fixes": self.fixes,
             "capacity_bytes": self.settings.gpu_bytes,
             "margin_bytes": self.settings.margin_bytes,
@@ -218,6 +243,11 @@ def memory_report(
     name (a profile) when ``lengths`` is the list drawn from it."""
     if lengths is None:
         evaluate: Evaluate = step_phases
+    elif isinstance(lengths, Uniform):  # every sample at the given mean lengths: no plan needed
+
+        def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
+            return step_phases(c, st, check_uniform(lengths, st.prompt_length, st.response_length).tokens)
+
     else:
         from labkit.plan.step import plan
 
@@ -227,19 +257,24 @@ def memory_report(
             return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
 
     phases = evaluate(cfg, s)
+    full = step_phases(cfg, s) if lengths is not None else phases
     base_error = verl_error(cfg)
     tried: dict[str, Any] = {}
     failing = [name for name, p in phases.items() if _short(s, p)]
     fixes = [f for name in failing for f in fixes_for(cfg, s, name, evaluate, base_error, tried)]
-    how = (
-        "every row at full width (prompt_length + response_length)"
-        if lengths is None
-        else f"lengths {label or (lengths if isinstance(lengths, str) else f'given ({len(lengths):,} samples)')}: "
-        "the largest micro-batch on any GPU (worst case), the median one (typical case)"
-    )
-    short = (
-        "worst case: every row at full width"
-        if lengths is None
-        else f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
-    )
-    return MemoryReport(s, phases, first_oom(s, phases), fixes, how, base_error, short)
+    prompt = lengths.prompt if isinstance(lengths, Uniform) else s.prompt_length
+    breaks = {n: break_even(cfg, s, n, prompt) for n, p in full.items() if _fails(s, p) and n != "generate"}
+    if isinstance(lengths, Uniform):
+        how = f"{lengths.describe()} (given), packed rows; the guarantee is priced at full width too"
+        short = f"expected lengths: {lengths.prompt:,} + {lengths.response:,} tokens a sample"
+    elif lengths is None:
+        how = "every row at full width (prompt_length + response_length): no lengths given (--lengths)"
+        short = "worst case: every row at full width"
+    else:
+        name = label or (lengths if isinstance(lengths, str) else f"given ({len(lengths):,} samples)")
+        how = f"lengths {name}: the largest micro-batch on any GPU (worst case), the median one (typical case)"
+        short = f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
+    return MemoryReport(
+        s, phases, first_oom(s, phases), fixes, how, base_error, short,
+        full_width=full if lengths is not None else None, break_even=breaks, prompt_tokens=prompt,
+    )  # fmt: skip

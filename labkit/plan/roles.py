@@ -133,6 +133,9 @@ def _micro(ctx: Ctx, key: str, deprecated: str, sp: int) -> int | None:
         m = dep // (
             ctx.geo.world_size // sp
         )  # the *_per_gpu twin may interpolate the raw global value; 0 stays 0 (X1/X2)
+        rel = ctx.cfg.release
+        if rel is not None and rel.memory.micro_times_n and not key.startswith("critic."):
+            m *= ctx.get(f"{ARR}.rollout.n")  # verl's main of January 2025: global micro sizes count prompts
     return m
 
 

@@ -133,6 +133,10 @@ class BatchGeometry:
     """The training engine's parallel layout (FSDP: DP × Ulysses SP; Megatron: TP × CP × EP × DP × PP), read once
     with the geometry; ``dp_size`` is its trainer-facing DP size."""
 
+    agent_loop: bool = True
+    """The rollout goes through the agent loop (``rollout.mode: async``; verl's default from 0.7): B·n requests
+    chunked equally over A workers. Up to 0.6 the default ``sync`` mode generates on the DP ranks directly."""
+
     @property
     def parallel(self) -> ParallelLayout:
         """The layout, or the FSDP layout of these sizes when the geometry was built by hand."""
@@ -234,6 +238,7 @@ class BatchGeometry:
             infer_tp=tp * rdp,
             rollout_replicas=rollout_replicas_of(world, tp * rdp, pp),
             agent_workers=g(f"{ARR}.rollout.agent.num_workers"),
+            agent_loop=uses_agent_loop(cfg),
             prompt_length=pl,
             response_length=rl,
             width=pl + rl,
@@ -255,3 +260,14 @@ class BatchGeometry:
 def lengths_for_config(cfg: Any, spec: Sequence[int] | str | None, seed: int = 0) -> list[int] | None:
     """One length per sample of ``cfg``'s step (``BatchGeometry.lengths``)."""
     return BatchGeometry.from_config(cfg).lengths(spec, seed)
+
+
+def uses_agent_loop(cfg: Any) -> bool:
+    """``rollout.mode`` as set, else the release's default: ``sync`` up to 0.6 (``ppo_trainer.yaml``), ``async``
+    (the agent loop) from 0.7, and in every profile labkit models without ``--verl``."""
+    for table in (cfg.values, cfg.ignored, cfg.added):
+        mode = table.get(f"{ARR}.rollout.mode")
+        if mode is not None:
+            return str(mode).strip() != "sync"
+    rel = cfg.release
+    return rel is None or rel.version not in ("0.1", "0.2", "0.3", "0.4", "0.5", "0.6")

@@ -68,6 +68,11 @@ class ParallelLayout:
     """Megatron uneven PP: ``num_layers_in_last_pipeline_stage`` (None: an even split)."""
     pipeline_layout: str | None = None
     """Megatron's custom ``pipeline_model_parallel_layout`` (``labkit.rules.pipeline_layout``; None: none)."""
+    split_slots: int = 0
+    """Megatron's ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``: layer slots
+    the embedding (first virtual stage) and the loss (last) take in the split (0, 1 or 2)."""
+    embedding_slot: bool = False
+    """The embedding takes a layer slot of the first virtual stage (``account_for_embedding_in_pipeline_split``)."""
 
     @property
     def is_megatron(self) -> bool:
@@ -139,4 +144,15 @@ class ParallelLayout:
             first_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_first_pipeline_stage"),
             last_stage_layers=g(f"{m}.override_transformer_config.num_layers_in_last_pipeline_stage"),
             pipeline_layout=pipeline,
+            split_slots=int(_flag(cfg, f"{m}.override_transformer_config.account_for_embedding_in_pipeline_split"))
+            + int(_flag(cfg, f"{m}.override_transformer_config.account_for_loss_in_pipeline_split")),
+            embedding_slot=_flag(cfg, f"{m}.override_transformer_config.account_for_embedding_in_pipeline_split"),
         )
+
+
+def _flag(cfg: Any, key: str) -> bool:
+    """A boolean ``override_transformer_config`` field verl passes through to megatron-core (set with ``+``)."""
+    for table in (cfg.values, cfg.ignored, cfg.added):
+        if key in table:
+            return str(table[key]).strip().lower() in ("true", "1")
+    return False

@@ -77,6 +77,7 @@ def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
     return MemorySettings.from_config(
         cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
         gathered_layers=1, need_ref=True, need_critic=False, autocast=False, entropy_compiled=False,
+        ref_offloaded=False,
     )  # fmt: skip
 
 

@@ -120,7 +120,7 @@ def step_checks(run: Run, s: Snap, micro: dict) -> None:
     N, W = s.samples, s.world_size
     v1 = s.geo.loop == "v1"
     run.add(
-        not v1 and N % s.agent_workers != 0,  # v1 chunks the B prompts, unevenly if need be
+        not v1 and s.geo.agent_loop and N % s.agent_workers != 0,  # v1 chunks the B prompts, unevenly if need be
         "E26",
         AE,
         message("E26", size=N, chunks=s.agent_workers),

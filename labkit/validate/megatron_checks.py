@@ -154,8 +154,9 @@ def _shape_checks(run: Run, s: Snap, role: str, where_role: str) -> bool:
     elif (first is not None or last is not None) and s.num_layers is not None:  # get_num_layers_to_build, uneven
         verdicts += mr.model_build_checks(lay.tp, lay.pp, lay.vpp, lay.ep, None, s.num_experts, s.vocab_size)
         verdicts.append(mr.uneven_pipeline_layers(s.num_layers, lay.pp, first, last))
-    else:
-        verdicts += mr.model_build_checks(lay.tp, lay.pp, lay.vpp, lay.ep, s.num_layers, s.num_experts, s.vocab_size)
+    else:  # the embedding and the loss count as layers of the split when the config accounts for them
+        layers = None if s.num_layers is None else s.num_layers + lay.split_slots
+        verdicts += mr.model_build_checks(lay.tp, lay.pp, lay.vpp, lay.ep, layers, s.num_experts, s.vocab_size)
     for v in verdicts:
         if _add(run, v, INIT, where_role):
             return True
