@@ -306,5 +306,5 @@ def test_a_release_and_shell_values_are_inputs_of_the_dashboard():
     st = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.8"))
     assert st.error is None and st.cfg.release.version == "0.8" and st.cfg.profile == "engine"
     assert BatchGeometry.from_config(st.cfg).loop == "v0"  # 0.8.0 has no v1 loop, whatever the loop control says
-    bad = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.4"))
+    bad = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.0.9"))
     assert bad.code == "input" and "labkit models verl" in str(bad.error)

@@ -87,7 +87,11 @@ def test_more_rows_or_tokens_never_predict_less_offload_and_checkpointing_never_
 def test_every_term_is_named_and_peaks_are_sums_of_terms():
     code, doc = _memory_json(*USER, "--model", "Qwen2.5-7B", "--gpu-memory", "80GiB")
     assert code == 1 and doc["first_oom"] == "old_log_prob"
-    assert set(doc) == {"phases", "first_oom", "fixes", "capacity_bytes", "margin_bytes", "lengths", "verl_error"}
+    assert set(doc) == {
+        "phases", "verdict", "first_oom", "first_oom_full_width", "break_even", "fixes", "capacity_bytes",
+        "margin_bytes", "lengths", "verl_error", "not_priced",
+    }  # fmt: skip
+    assert doc["verdict"] == "oom" and doc["first_oom_full_width"] == "old_log_prob"
     assert doc["capacity_bytes"] == 80 * GiB and doc["margin_bytes"] == 2 * GiB and "full width" in doc["lengths"]
     assert all(set(p) == {"peak_bytes", "terms", "state", "left_bytes"} for p in doc["phases"].values())
     for phase in doc["phases"].values():

@@ -42,8 +42,8 @@ def test_each_release_runs_its_profile_and_loop(text, profile, use_v1, dispatch)
 
 
 def test_bad_versions_and_contradictions_are_one_line_errors(capsys):
-    assert main(["check", "--verl", "0.4"]) == 2
-    assert "labkit models verl 0.5" in capsys.readouterr().err
+    assert main(["check", "--verl", "0.0.9"]) == 2
+    assert "labkit models verl 0.1, 0.2" in capsys.readouterr().err
     assert main(["check", "--verl", "0.8", "--profile", "legacy"]) == 2
     assert "contradicts" in capsys.readouterr().err
     assert main(["check", "--verl", "0.8.0", "trainer.use_v1=true"]) == 2

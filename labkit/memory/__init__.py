@@ -8,7 +8,8 @@ or a trace and ``fill_bytes_predicted`` (``step_memory``), the OOM verdict and i
 the one model-and-GPU decision the CLI and the dashboard share (``choice``); the model catalogue's parts
 (``shapes_parts``, ``shapes_hf``, ``catalogue_doc``), MoE/VL/KV pricing (``vision``, ``kv_cache``, ``phase_info``), the
 fix candidates (``fix_candidates``) and Megatron's memory per pipeline stage (``megatron_memory``,
-``megatron_params``, ``megatron_activations``, ``megatron_terms``, ``megatron_step``). docs/memory.md and
+``megatron_params``, ``megatron_activations``, ``megatron_terms``, ``megatron_step``), LoRA's adapters (``lora``) and
+a phase's break-even length (``break_even``). docs/memory.md and
 docs/megatron.md explain it.
 May import: ``labkit.plan`` and everything below it.
 """

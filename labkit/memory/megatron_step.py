@@ -18,9 +18,8 @@ from labkit.config.verl_config import ConfigError
 from labkit.memory.headroom import add_headroom
 from labkit.memory.megatron_memory import Recompute, Residency, StageInputs, megatron_memory, residents
 from labkit.memory.megatron_params import OptimizerBytes
-from labkit.memory.settings import dtype_bytes, raw_value
 from labkit.memory.phases import Phase, generate
-from labkit.memory.settings import MemorySettings
+from labkit.memory.settings import MemorySettings, dtype_bytes, raw_value
 from labkit.plan.context import Ctx
 from labkit.plan.megatron_passes import padded_row, sequence_alignment
 from labkit.plan.roles import params

@@ -81,7 +81,9 @@ class MemoryReport:
             "verdict": self.verdict,
             "first_oom": self.first_oom,
             "first_oom_full_width": self.first_oom_full_width,
-            "break_even": {n: {"response_tokens": v, "prompt_tokens": self.prompt_tokens} for n, v in self.break_even.items()},
+            "break_even": {
+                n: {"response_tokens": v, "prompt_tokens": self.prompt_tokens} for n, v in self.break_even.items()
+            },
             "fixes": self.fixes,
             "capacity_bytes": self.settings.gpu_bytes,
             "margin_bytes": self.settings.margin_bytes,
@@ -273,7 +275,9 @@ def memory_report(
     else:
         name = label or (lengths if isinstance(lengths, str) else f"given ({len(lengths):,} samples)")
         how = f"lengths {name}: the largest micro-batch on any GPU (worst case), the median one (typical case)"
-        short = f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
+        short = (
+            f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
+        )
     return MemoryReport(
         s, phases, first_oom(s, phases), fixes, how, base_error, short,
         full_width=full if lengths is not None else None, break_even=breaks, prompt_tokens=prompt,

@@ -23,7 +23,7 @@ from labkit.plan.context import Ctx
 from labkit.plan.megatron_passes import MICROBATCH_GROUP, layout_groups, megatron_summary, update_schedule, vpp_group
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import uses_agent_loop, ARR, BatchGeometry
+from labkit.rules.geometry import ARR, BatchGeometry, uses_agent_loop
 from labkit.rules.megatron_ranks import layout_check
 from labkit.rules.v1_loop import LOOP_TITLES
 from labkit.trace import StepTrace

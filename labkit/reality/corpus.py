@@ -156,7 +156,9 @@ class Case:
         responses (what a user reading the log would pass), else None (full width)."""
         if self.lengths:
             return self.lengths, self.lengths_why or ""
-        steps = [x for x in (self.measured.steps if self.measured else ()) if x.response_length_mean and x.prompt_length_mean]
+        steps = [
+            x for x in (self.measured.steps if self.measured else ()) if x.response_length_mean and x.prompt_length_mean
+        ]
         if not steps:
             return None
         top = max(steps, key=lambda x: x.response_length_mean or 0)
@@ -208,7 +210,9 @@ def _assumptions(items: Any, where: str) -> tuple[Assumption, ...]:
         override, unknown = item.get("set"), item.get("unknown")
         if (override is None) == (unknown is None):
             raise CorpusError(f"{where}: assumed[{i}] has one of 'set' (an override) or 'unknown' (what stays unknown)")
-        if override is not None and not (isinstance(override, str) and (_OVERRIDE.match(override) or _HYDRA_FLAG.match(override))):
+        if override is not None and not (
+            isinstance(override, str) and (_OVERRIDE.match(override) or _HYDRA_FLAG.match(override))
+        ):
             raise CorpusError(f"{where}: assumed[{i}].set {override!r} is not a Hydra override key=value")
         out.append(Assumption(override, unknown, item["why"].strip()))
     return tuple(out)
@@ -218,9 +222,7 @@ def _oom(doc: Any, where: str) -> Oom:
     if not isinstance(doc, dict):
         raise CorpusError(f"{where}: outcome oom needs an 'oom' mapping")
     figures = {k: _number(doc.get(k), f"oom.{k}", where) for k in Oom.__dataclass_fields__ if k.endswith("_gib")}
-    return Oom(
-        phase=_field(doc, "phase", PHASES, where), message=str(doc.get("message") or "").strip(), **figures
-    )
+    return Oom(phase=_field(doc, "phase", PHASES, where), message=str(doc.get("message") or "").strip(), **figures)
 
 
 def _measured(doc: Any, where: str) -> Measured | None:
