@@ -68,7 +68,7 @@ OOM_CONFIG = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.use_torch_compile=false",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
 ]
 QWEN3_MOE = ROOT / "tests/data/launch_scripts/verl-1dda039/examples/grpo_trainer/run_qwen3_30b_a3b_fsdp.sh"
 WALK_OPTIONS = {"03_micro_batches", "04_balance_batch"}  # their Try-it panel: every dropdown option answers

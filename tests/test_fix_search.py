@@ -22,7 +22,7 @@ SCRIPT = ROOT / "tests/data/launch_scripts/verl-1dda039/examples/grpo_trainer/ru
 A, R, RF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 SETTINGS_KEYS = {  # MemorySettings field -> the config key a settings-only fix names
     "fused_kernels": "actor_rollout_ref.model.use_fused_kernels",
-    "entropy_compiled": f"{A}.use_torch_compile",
+    "entropy_compiled": f"{A}.fsdp_config.use_torch_compile",
     "entropy_chunking": f"{A}.entropy_from_logits_with_chunking",
     "gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
     "param_offload": f"{A}.fsdp_config.param_offload",
@@ -78,7 +78,7 @@ def _random_config(rng: random.Random) -> list[str]:
         f"{RF}.log_prob_micro_batch_size_per_gpu={micro}",
         f"data.max_prompt_length={rng.choice([512, 1024, 2048])}",
         f"data.max_response_length={rng.choice([1024, 4096, 8192, 16384])}",
-        f"{A}.use_torch_compile={rng.choice(['true', 'false'])}",
+        f"{A}.fsdp_config.use_torch_compile={rng.choice(['true', 'false'])}",
         f"{A}.entropy_from_logits_with_chunking={rng.choice(['true', 'false'])}",
         f"{A}.fsdp_config.param_offload={rng.choice(['true', 'false'])}",
         f"{A}.fsdp_config.optimizer_offload={rng.choice(['true', 'false'])}",

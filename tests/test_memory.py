@@ -32,7 +32,7 @@ USER = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
     # default torch.compile fuses it (the head then holds only the logits: the same step fits)
 ]
 
@@ -193,7 +193,7 @@ def test_known_long_responses_oom_with_static_micro_batches():
             "data.max_prompt_length=1024",
             "data.max_response_length=16384",
             "algorithm.adv_estimator=grpo",
-            f"{A}.use_torch_compile=false",
+            f"{A}.fsdp_config.use_torch_compile=false",
         ]
     )
     rep = memory_report(cfg, s)
@@ -236,6 +236,7 @@ def test_known_entropy_over_full_logits_in_old_log_prob():
             f"{A}.ppo_micro_batch_size_per_gpu=1",
             f"{R}.gpu_memory_utilization=0.4",
             f"{A}.use_kl_loss=true",
+            f"{A}.use_torch_compile=false",  # the legacy workers' key (the engine's is fsdp_config's)
             "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=12288",
         ],
@@ -262,7 +263,7 @@ def test_known_budget_below_the_longest_sequence():
         f"{A}.use_dynamic_bsz=true",
         f"{A}.ppo_max_token_len_per_gpu=50000",
         f"{R}.log_prob_max_token_len_per_gpu=50000",
-        f"{A}.use_torch_compile=false",
+        f"{A}.fsdp_config.use_torch_compile=false",
     ]
     cfg, s = _settings(over, gib=40)
     rep = memory_report(cfg, s)

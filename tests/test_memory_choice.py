@@ -30,7 +30,7 @@ USER = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
     # default torch.compile fuses it (the head then holds only the logits: the same step fits)
 ]
 
@@ -151,7 +151,7 @@ def test_eager_entropy_costs_fp32_and_torch_compile_is_offered():
     as the fake-CUDA trace holds them); verl's default, torch.compile, fuses them (three (T, 1) statistics and the
     result: 16 bytes a token); the fixes then offer torch.compile back."""
     eager = load_config(None, USER)
-    default = load_config(None, [*USER, "actor_rollout_ref.actor.use_torch_compile=true"])
+    default = load_config(None, [*USER, "actor_rollout_ref.actor.fsdp_config.use_torch_compile=true"])
     se, sd = settings_for(eager, "Qwen2.5-7B"), settings_for(default, "Qwen2.5-7B")
     assert sd.entropy_compiled and not se.entropy_compiled
     re, rd = memory_report(eager, se), memory_report(default, sd)
@@ -159,7 +159,7 @@ def test_eager_entropy_costs_fp32_and_torch_compile_is_offered():
     e_terms, d_terms = re.phases["old_log_prob"].instants["entropy"], rd.phases["old_log_prob"].instants["entropy"]
     assert e_terms["entropy"] == 8 * tokens * 152064 and d_terms["entropy"] == 16 * tokens
     knobs = {f["knob"]: f for f in re.fixes}
-    assert "actor_rollout_ref.actor.use_torch_compile" in knobs
-    assert "actor_rollout_ref.actor.use_torch_compile" not in {f["knob"] for f in rd.fixes}
-    fix = knobs["actor_rollout_ref.actor.use_torch_compile"]
+    assert "actor_rollout_ref.actor.fsdp_config.use_torch_compile" in knobs
+    assert "actor_rollout_ref.actor.fsdp_config.use_torch_compile" not in {f["knob"] for f in rd.fixes}
+    fix = knobs["actor_rollout_ref.actor.fsdp_config.use_torch_compile"]
     assert fix["new_peak_bytes"] == rd.phases["old_log_prob"].peak_bytes

@@ -28,7 +28,7 @@ USER = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
-    f"{ARR}.actor.use_torch_compile=false",
+    f"{ARR}.actor.fsdp_config.use_torch_compile=false",
 ]
 ALIKE = 10.0  # CIE94: below this two colours read as the same colour
 

@@ -97,10 +97,10 @@ HEADS = {
 }
 ENTROPY = {
     "fused": "inside the fused kernel (model.use_fused_kernels)",
-    "compiled": "torch.compile'd (actor.use_torch_compile, verl's default; an ideal fusion, no T×V temporaries)",
+    "compiled": "torch.compile'd (use_torch_compile, verl's default; an ideal fusion, no T×V temporaries)",
     "checkpointed": "eager, recomputed in backward (actor.entropy_checkpointing)",
     "chunked": "eager in chunks (actor.entropy_from_logits_with_chunking)",
-    "eager": "eager under bf16 autocast (actor.use_torch_compile=false)",
+    "eager": "eager under bf16 autocast (use_torch_compile=false: actor's in legacy, actor.fsdp_config's in the engine)",
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
-from labkit.memory.settings import MemorySettings
+from labkit.memory.settings import MemorySettings, compile_key
 from labkit.memory.step_memory import PASS_KEYS, config_shape
 
 
@@ -91,7 +91,7 @@ def log_prob_head(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candid
         out.append(Candidate(f"{MODEL}.use_fused_kernels", [{"fused_kernels": True}], cost))
     if (phase == "old_log_prob" or (phase == "update_actor" and s.update_entropy)) and not s.entropy_compiled:
         cost = "torch.compile's first-step compile time; the same entropy up to fusion rounding"
-        out.append(Candidate(f"{ACTOR}.use_torch_compile", [{"entropy_compiled": True}], cost))
+        out.append(Candidate(compile_key(cfg.profile), [{"entropy_compiled": True}], cost))
     if phase == "old_log_prob" and not s.entropy_chunking:
         cost = "a little time (2,048 rows at a time); same entropy"
         out.append(Candidate(f"{ACTOR}.entropy_from_logits_with_chunking", [{"entropy_chunking": True}], cost))

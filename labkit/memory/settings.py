@@ -136,7 +136,8 @@ class MemorySettings:
     need_critic: bool = False
     """A critic exists (GAE): critic params, values and update_critic."""
     entropy_compiled: bool = True
-    """actor.use_torch_compile (verl's default true): the entropy runs as ``torch.compile(entropy_from_logits)``,
+    """``compile_key``: actor.use_torch_compile (legacy) or actor.fsdp_config.use_torch_compile (engine), verl's
+    default true: the entropy runs as ``torch.compile(entropy_from_logits)``,
     costed as inductor's ideal fusion (a lower bound: real inductor cannot be traced); false: eager under bf16
     autocast: at ``logsumexp`` the fp32 softmax, the fp32 copy of the logits and logsumexp's own ``(x - max)``
     temporary (12 bytes a logit beyond the logits, traced by ``labkit.model.memory_trace``)."""
@@ -231,7 +232,7 @@ class MemorySettings:
                 or g(f"{ACTOR}.entropy_coeff") != 0
                 or (cfg.release is not None and cfg.release.memory.entropy_always)
             ),
-            entropy_compiled=_flag(cfg, f"{ACTOR}.use_torch_compile", True),
+            entropy_compiled=_flag(cfg, compile_key(cfg.profile), True),
             entropy_checkpointing=bool(g(f"{ACTOR}.entropy_checkpointing")),
             temperature=float(g(f"{ROLLOUT}.temperature")),
             master_bytes=dtype_bytes(cfg, f"{ACTOR}.fsdp_config.model_dtype", 4),
@@ -246,6 +247,13 @@ class MemorySettings:
         )
         values.update(over)
         return cls(**values)
+
+
+def compile_key(profile: str) -> str:
+    """The key that compiles the actor's entropy: the legacy workers' ``actor.use_torch_compile`` (``dp_actor.py``);
+    the engine's own ``actor.fsdp_config.use_torch_compile`` (``engine/fsdp/transformer_impl.py``, not
+    interpolated from the actor's key, which the engine never reads)."""
+    return f"{ACTOR}.use_torch_compile" if profile == "legacy" else f"{ACTOR}.fsdp_config.use_torch_compile"
 
 
 def _release_memory(cfg: Any) -> dict[str, bool]:
