@@ -12,7 +12,8 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -182,14 +183,38 @@ class VerlConfig:
     answer goes on without it, instead of refusing the config."""
     unknown: dict[str, str] = field(default_factory=dict)
     """What a lenient read set aside: key (or Hydra flag) -> why it is ignored for memory."""
+    _reads: set[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ConfigError(f"profile must be one of {list(PROFILES)}, got {self.profile!r}.")
 
     # -- reading ---------------------------------------------------------------------------------
+    @contextmanager
+    def recording(self) -> Iterator[set[str]]:
+        """Within the block, every key read (``get`` and ``raw``) is added to the yielded set: what an answer used."""
+        previous, self._reads = self._reads, set()
+        try:
+            yield self._reads
+        finally:
+            reads, self._reads = self._reads, previous
+            if previous is not None:
+                previous |= reads
+
+    def raw(self, path: str, default: Any = None) -> Any:
+        """A key labkit's schema does not model, as the user set it (values, ignored or added overrides), else
+        ``default``; recorded like ``get``."""
+        if self._reads is not None:
+            self._reads.add(path)
+        for table in (self.values, self.ignored, self.added):
+            if path in table:
+                return table[path]
+        return default
+
     def get(self, path: str, _seen: tuple = ()) -> Any:
         """The effective value of ``path``: set value, else the followed key, else verl's default."""
+        if self._reads is not None:
+            self._reads.add(path)
         key = KEYS.get(path)
         if key is None:
             hint = closest_key(path)

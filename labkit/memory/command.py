@@ -189,6 +189,7 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
         f"{_gib(s.cublas_workspace_bytes)}, nccl_buffers {_gib(s.nccl_bytes)}, allocator_reserve "
         f"{100 * s.reserve_fraction:.0f}% of the allocated peak; margin {_gib(s.margin_bytes)} (--margin)"
     )
+    lines.extend(not_priced_lines(rep.not_priced))
     short = [n for n in rep.phases if rep.state(n)[0] != "fits"]
     if not short:
         least = min(rep.state(n)[1] for n in rep.phases)
@@ -240,6 +241,19 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             "larger GPU or a smaller model"
         )
     return "\n".join(lines)
+
+
+NOT_PRICED = {
+    "not_priced": "not priced",
+    "not_read": "not read here",
+    "no_effect": "no effect in verl",
+    "not_verl": "not a verl key",
+}
+
+
+def not_priced_lines(items: list[dict[str, str]]) -> list[str]:
+    """One line per key the config sets that the answer did not price: what it is and what it would change."""
+    return [f"{NOT_PRICED[i['effect']]}: {i['key']}={i['value']}: {i['text']}" for i in items]
 
 
 def _while(rep: MemoryReport, phase: str) -> str:
@@ -300,10 +314,8 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     traced = None
     if getattr(ns, "trace", None) is not None and tracer is not None:
         traced = _trace(cfg, rep, ns.trace, tracer)
-    set_aside = [{"key": k, "why": why} for k, why in cfg.unknown.items()]
     if ns.json:
         doc = rep.to_dict()
-        doc["not_priced"] = set_aside
         if note:
             print(note, file=sys.stderr)
         if traced is not None:
@@ -313,8 +325,6 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     else:
         if note:
             print(note)
-        for item in set_aside:
-            print(f"ignored for memory: {item['key']}: {item['why']}")
         print(render_text(rep, ParallelLayout.from_config(cfg)))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))

@@ -54,7 +54,9 @@ def optimizer_of(cfg: Any, role: str) -> OptimizerBytes:
     base, over = f"{role}.optim", f"{role}.optim.override_optimizer_config"
 
     def value(name: str, default: Any = None) -> Any:
-        return raw_value(cfg, f"{over}.{name}", raw_value(cfg, f"{base}.{name}", default))
+        """The override's field, else (a field 0.9.1's McoreOptimizerConfig has) the role's own optim key."""
+        own = raw_value(cfg, f"{base}.{name}", default) if name in OWN_FIELDS else default
+        return raw_value(cfg, f"{over}.{name}", own)
 
     def flag(name: str) -> bool:
         return str(value(name, False)).strip().lower() in ("true", "1")
@@ -72,7 +74,7 @@ def optimizer_of(cfg: Any, role: str) -> OptimizerBytes:
             "to the CPU, from 0 to 1"
         )
     aware = flag("use_precision_aware_optimizer")
-    dtypes = {n: dtype_bytes(cfg, f"{over}.{n}", dtype_bytes(cfg, f"{base}.{n}", 4)) if aware else 4 for n in DTYPES}
+    dtypes = {n: _dtype(cfg, base, over, n) if aware else 4 for n in DTYPES}
     remainders = aware and not offload and str(value("store_param_remainders", True)).lower() != "false"
     main = 2 if remainders and dtypes["main_params_dtype"] == 4 else dtypes["main_params_dtype"]
     return OptimizerBytes(
@@ -85,6 +87,14 @@ def optimizer_of(cfg: Any, role: str) -> OptimizerBytes:
 
 
 DTYPES = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+OWN_FIELDS = ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+"""The precision-aware optimizer's fields 0.9.1's ``McoreOptimizerConfig`` has as keys of its own (the rest go
+through ``override_optimizer_config``)."""
+
+
+def _dtype(cfg: Any, base: str, over: str, name: str) -> int:
+    own = dtype_bytes(cfg, f"{base}.{name}", 4) if name in OWN_FIELDS else 4
+    return dtype_bytes(cfg, f"{over}.{name}", own)
 
 
 def residency_of(cfg: Any, s: MemorySettings) -> Residency:

@@ -309,11 +309,8 @@ def _hashable(value: Any) -> Any:
 
 def raw_value(cfg: Any, key: str, default: Any = None) -> Any:
     """A verl key labkit's config schema does not model, as the user set it (kept among the ignored or added
-    overrides), else ``default``."""
-    for table in (getattr(cfg, "values", {}), getattr(cfg, "ignored", {}), getattr(cfg, "added", {})):
-        if key in table:
-            return table[key]
-    return default
+    overrides), else ``default`` (``VerlConfig.raw``: the read is recorded)."""
+    return cfg.raw(key, default)
 
 
 def dtype_bytes(cfg: Any, key: str, default: int) -> int:
@@ -332,5 +329,5 @@ def dtype_bytes(cfg: Any, key: str, default: int) -> int:
 
 def _flag(cfg: Any, key: str, default: bool) -> bool:
     """A boolean verl key labkit's config does not model (kept among the ignored overrides), or verl's default."""
-    raw = getattr(cfg, "ignored", {}).get(key, getattr(cfg, "values", {}).get(key, default))
+    raw = cfg.raw(key, default)
     return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("true", "1", "yes")

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from typing import Any
 
+from labkit.config.key_effects import unpriced
 from labkit.config.lengths import Uniform, check_uniform
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.break_even import break_even
 from labkit.memory.fix_candidates import candidates
 from labkit.memory.headroom import gpu_settings, state
+from labkit.memory.model_source import PATH_KEY
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases, trace_phases
@@ -47,6 +49,8 @@ class MemoryReport:
     sample that long (``labkit.memory.break_even``); None where the lengths do not move it."""
     prompt_tokens: int = 0
     """The prompt length the break-even assumes (the given lengths' prompt, else data.max_prompt_length)."""
+    not_priced: list[dict[str, str]] = field(default_factory=list)
+    """Every key the config sets that this answer did not read, with its effect (``labkit.config.key_effects``)."""
 
     @property
     def first_oom_full_width(self) -> str | None:
@@ -89,6 +93,7 @@ class MemoryReport:
             "margin_bytes": self.settings.margin_bytes,
             "lengths": self.lengths,
             "verl_error": self.verl_error,
+            "not_priced": self.not_priced,
         }
         if details:
             out.update(model=self.settings.model.name, gpu_bytes=self.settings.gpu_bytes, profile=self.settings.profile)
@@ -113,7 +118,10 @@ Evaluate = Callable[[VerlConfig, MemorySettings], dict[str, Phase]]
 
 
 def _with(cfg: VerlConfig, **values: Any) -> VerlConfig:
-    return VerlConfig(cfg.profile, {**cfg.values, **values}, dict(cfg.ignored))
+    """``cfg`` with ``values`` set (its release, ignored and added keys kept: they price too)."""
+    out = cfg.copy()
+    out.values.update(values)
+    return out
 
 
 def _text(value: Any) -> str:
@@ -258,7 +266,10 @@ def memory_report(
         def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
             return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
 
-    phases = evaluate(cfg, s)
+    with cfg.recording() as reads:  # what this answer prices: the settings' keys and the phases'
+        _derived(cfg, s)
+        phases = evaluate(cfg, s)
+    not_priced = unpriced(cfg, reads, (PATH_KEY,))
     full = step_phases(cfg, s) if lengths is not None else phases
     base_error = verl_error(cfg)
     tried: dict[str, Any] = {}
@@ -281,4 +292,5 @@ def memory_report(
     return MemoryReport(
         s, phases, first_oom(s, phases), fixes, how, base_error, short,
         full_width=full if lengths is not None else None, break_even=breaks, prompt_tokens=prompt,
+        not_priced=not_priced,
     )  # fmt: skip

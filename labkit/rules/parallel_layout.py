@@ -152,7 +152,4 @@ class ParallelLayout:
 
 def _flag(cfg: Any, key: str) -> bool:
     """A boolean ``override_transformer_config`` field verl passes through to megatron-core (set with ``+``)."""
-    for table in (cfg.values, cfg.ignored, cfg.added):
-        if key in table:
-            return str(table[key]).strip().lower() in ("true", "1")
-    return False
+    return str(cfg.raw(key, False)).strip().lower() in ("true", "1")

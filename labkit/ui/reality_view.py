@@ -60,7 +60,10 @@ def case_card(score: Any, cause: str | None = None) -> str:
         ("source", f"<a href='{html.escape(c.url)}' target='_blank' rel='noopener'>{html.escape(c.url)}</a>"),
         ("what", html.escape(c.summary)),
         ("release", html.escape(f"verl {c.verl} ({c.release_basis})" + (f", {c.fork}" if c.fork else ""))),
-        ("GPUs", html.escape(f"{c.nnodes} × {c.n_gpus_per_node} {c.gpu}" + (f" ({c.gpu_assumed})" if c.gpu_assumed else ""))),
+        (
+            "GPUs",
+            html.escape(f"{c.nnodes} × {c.n_gpus_per_node} {c.gpu}" + (f" ({c.gpu_assumed})" if c.gpu_assumed else "")),
+        ),
         ("happened", html.escape(happened + (f": {c.oom.message[:240]}" if c.oom and c.oom.message else ""))),
         ("labkit", html.escape(_answered(score))),
         ("verdict", f"<b>{VERDICT[score.agreement]}</b>" + (f" ({html.escape(cause)})" if cause else "")),
