@@ -17,18 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from labkit.reality.corpus import case, load_corpus
-from labkit.reality.report import case_line, markdown_table, totals_lines
+from labkit.reality.report import case_line, known_disagreements, markdown_table, totals_lines
 from labkit.reality.score import score, totals
-
-KNOWN = Path(__file__).with_name("reality_known.yaml")
-
-
-def known_disagreements() -> dict[str, dict]:
-    """``{case id: {"verdict": kind, "cause": why}}`` from reality_known.yaml."""
-    return yaml.safe_load(KNOWN.read_text()) or {}
 
 
 def _one(case_id: str) -> int:

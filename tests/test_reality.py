@@ -13,11 +13,10 @@ import yaml
 from labkit.memory.gpus import gpu_names
 from labkit.reality.ask import launch_script
 from labkit.reality.corpus import CORPUS_DIR, CorpusError, load_corpus, parse_case
-from labkit.reality.report import markdown_table
+from labkit.reality.report import known_disagreements, markdown_table
 from labkit.reality.score import predicted_counter, score, totals
 
 ROOT = Path(__file__).resolve().parents[1]
-KNOWN = ROOT / "benchmarks" / "reality_known.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def test_every_case_names_its_gpus_and_model_in_what_it_passes(tmp_path):
 
 
 def test_known_disagreements_are_exactly_the_cases_labkit_gets_wrong(scores):
-    known = yaml.safe_load(KNOWN.read_text()) or {}
+    known = known_disagreements()
     wrong = {s.case.id: s.agreement for s in scores if s.agreement != "agree"}
     assert set(wrong) - set(known) == set(), "new disagreements (a regression, or list them with a cause)"
     assert set(known) - set(wrong) == set(), "listed cases that now agree: take them off the list"

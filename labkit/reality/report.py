@@ -3,8 +3,21 @@ totals, as text for the terminal and as the Markdown table the README shows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from labkit import __version__
 from labkit.reality.score import Score, Totals
+
+KNOWN = Path(__file__).resolve().parents[2] / "benchmarks" / "reality_known.yaml"
+"""The disagreements labkit knows of, each with its cause or "not yet understood"."""
+
+
+def known_disagreements() -> dict[str, dict[str, str]]:
+    """``{case id: {"verdict": kind, "cause": why}}`` of ``benchmarks/reality_known.yaml``."""
+    return yaml.safe_load(KNOWN.read_text()) or {}
+
 
 MARK = {"agree": "agree", "false_alarm": "FALSE ALARM", "miss": "MISS", "refused": "REFUSED"}
 
