@@ -352,6 +352,8 @@ def _plan_model(cfg: Any, explicit: str | None) -> tuple[str, str]:
 
     if explicit:
         return model_for(cfg, explicit).name, "--model"
+    if not cfg.is_set(PATH_KEY):  # the plan sizes labkit's own machine: its default config trains the tiny model
+        return "tiny-qwen2", f"labkit's tiny CPU model: {PATH_KEY} is not set (--model)"
     try:
         return model_for(cfg).name, f"from {PATH_KEY}"
     except ConfigError:

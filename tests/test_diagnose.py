@@ -364,3 +364,74 @@ def test_the_paste_box_shows_one_answer_the_users_once_pasted():
     assert "example" not in shown.value and "13.91 GiB" not in shown.value and "ALLTOALL" in shown.value
     area.value = "   "
     assert box.showing == "example" and box.diagnosis.phase == "old_log_prob"
+
+
+VLLM_START_CONFIG = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+    "data.train_batch_size=256",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.9",
+    "trainer.n_gpus_per_node=8",
+]
+
+
+@pytest.mark.parametrize("device", ["", " cuda:0"])
+def test_vllms_start_up_memory_check_is_generates_oom_with_the_fixes_memory_gives(device):
+    """vLLM V1 refuses to start when the free memory is below u·C (its message with and without the device name,
+    as vLLM printed it before and after naming the device). diagnose reads it as the generate phase's OOM, with
+    the log's figures, labkit's prediction for generate on that GPU, and the same fixes `labkit memory` gives."""
+    from labkit.config.verl_config import load_config
+    from labkit.memory.choice import settings_for
+    from labkit.memory.verdict import memory_report
+
+    log = "\n".join(
+        [
+            "(WorkerDict pid=4242) ERROR 06-30 13:53:19 [core.py:515] EngineCore failed to start.",
+            f"(WorkerDict pid=4242) ValueError: Free memory on device{device} (13.91/79.33 GiB) on startup is less than "
+            "desired GPU memory utilization (0.9, 71.40 GiB). Decrease GPU memory utilization or reduce GPU memory "
+            "used by other processes.",
+            f"Error executing job with overrides: {VLLM_START_CONFIG!r}",
+        ]
+    )
+    d = diagnose_text(log)
+    assert (d.kind, d.phase, d.model) == ("oom", "generate", "Qwen2.5-7B"), d.text()
+    a = d.facts["allocation"]
+    assert a["device"] == "engine-start" and a["share"] == 0.9
+    assert (a["free"], a["capacity"], a["requested"]) == tuple(to_bytes(x, "GiB") for x in ("13.91", "79.33", "71.40"))
+    assert any("65.42 GiB was already held" in line for line in d.lines), d.lines
+    assert any("more was held by something it does not model" in line for line in d.lines), d.lines  # 65 ≫ model
+    cfg = load_config(None, VLLM_START_CONFIG, profile=d.profile)
+    rep = memory_report(cfg, settings_for(cfg, capacity=a["capacity"]))
+    assert rep.first_oom == "generate" and d.explained and d.exit_code == 0
+    memory_fixes = [f["set"] for f in rep.fixes if f["phase"] == "generate"]
+    assert [f["set"] for f in d.facts["fixes"]] == memory_fixes and memory_fixes
+
+
+def test_sglangs_no_room_for_its_pool_is_generate_and_says_whether_labkit_explains_it():
+    """SGLang's start-up error (no KV room at its mem_fraction_static): generate, explained as the engine's share;
+    where labkit's own model gives the engine a pool, the answer says it does not explain it, lists no fixes of
+    another failure, and names the GPU it assumed; where labkit's engine has no room either, memory's fixes come."""
+    base = [*VLLM_START_CONFIG[:-2], "actor_rollout_ref.rollout.name=sglang", "trainer.n_gpus_per_node=8"]
+
+    def answer(share: str):
+        config = [*base, f"actor_rollout_ref.rollout.gpu_memory_utilization={share}"]
+        log = "\n".join(
+            [
+                "(WorkerDict pid=11) [2025-05-11 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent "
+                "call last):",
+                "(WorkerDict pid=11) RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+                f"Error executing job with overrides: {config!r}",
+            ]
+        )
+        return diagnose_text(log)
+
+    d = answer("0.5")
+    assert (d.kind, d.phase) == ("oom", "generate") and d.explained and "fixes" not in d.facts
+    assert any("so it does not explain this failure" in line and "(assumed" in line for line in d.lines), d.lines
+    d = answer("0.02")  # u·C = 1.6 GiB: below the engine's weights in labkit's model too
+    assert any(line.startswith("priced on 79.65 GiB GPUs") for line in d.lines), d.lines
+    assert d.facts["fixes"] and all(f["phase"] == "generate" for f in d.facts["fixes"])
+    assert any(f["set"].startswith("actor_rollout_ref.rollout.gpu_memory_utilization=") for f in d.facts["fixes"])

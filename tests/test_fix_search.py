@@ -1,5 +1,5 @@
-"""The memory fix search (labkit.memory.verdict.fixes_for over labkit.memory.fix_candidates): a fix always changes
-the config, and says what from and to; what it sets is what the new peak was computed with; a knob family is one
+"""The memory fix search (labkit.memory.verdict.fixes_for over labkit.memory.fix_knobs): a fix always changes the
+config, and says what from and to; what it sets is what the new peak was computed with; a knob family is one
 function in CANDIDATES."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from labkit.config.text_input import load_pasted_config
 from labkit.config.verl_config import load_config
-from labkit.memory import fix_candidates
+from labkit.memory import fix_candidates, fix_knobs
 from labkit.memory.choice import settings_for
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases
@@ -49,7 +49,7 @@ def _assert_every_fix_changes_something(cfg, s, rep) -> None:
             if ch["to"] is not None:  # "~key" drops a key (the deprecated twin of a per-GPU size)
                 assert ch["from"] == _now(cfg, s, ch["key"]), (ch, f)
         # "set" lists exactly the changed keys, as overrides
-        assert [p.split("=", 1)[0].lstrip("~") for p in f["set"].split(", ")] == [c["key"] for c in f["changes"]]
+        assert [p.split("=", 1)[0].lstrip("~+") for p in f["set"].split(", ")] == [c["key"] for c in f["changes"]]
 
 
 def test_the_qwen3_moe_script_gets_no_fix_it_already_has():
@@ -132,7 +132,7 @@ def test_a_knob_family_is_one_function_in_the_candidate_list(monkeypatch):
             fix_candidates.Candidate("fewer rows", [same, {f"{R}.log_prob_micro_batch_size_per_gpu": 1}], "time"),
         ]
 
-    monkeypatch.setattr(fix_candidates, "CANDIDATES", [family])
+    monkeypatch.setattr(fix_knobs, "CANDIDATES", [family])
     fixes = fixes_for(cfg, s, phase, step_phases, None)
     assert [f["knob"] for f in fixes] == ["fewer rows"]
     assert fixes[0]["set"] == f"{R}.log_prob_micro_batch_size_per_gpu=1"

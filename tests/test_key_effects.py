@@ -112,6 +112,7 @@ def test_the_memory_command_lists_them_before_its_verdict_and_in_json(capsys):
     args = [
         "memory",
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",  # verl rejects the bare defaults (E7): exit 1, said first
         "actor_rollout_ref.rollout.enforce_eager=False",
         "data.max_obs_length=500",
     ]
@@ -127,6 +128,7 @@ def test_the_memory_command_lists_them_before_its_verdict_and_in_json(capsys):
 
 def test_a_fork_key_is_named_never_refused_and_check_still_refuses_it(capsys):
     """memory answers a Search-R1 config; check keeps verl's own verdict on a key verl's Hydra would refuse."""
-    assert main(["memory", "data.max_start_length=2048", "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B"]) == 0
+    config = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-3B", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    assert main(["memory", "data.max_start_length=2048", *config]) == 0
     assert "not a verl key: data.max_start_length=2048" in capsys.readouterr().out
     assert main(["check", "data.max_start_length=2048"]) == 2

@@ -89,7 +89,7 @@ def test_every_term_is_named_and_peaks_are_sums_of_terms():
     assert code == 1 and doc["first_oom"] == "old_log_prob"
     assert set(doc) == {
         "phases", "verdict", "first_oom", "first_oom_full_width", "break_even", "fixes", "capacity_bytes",
-        "margin_bytes", "lengths", "verl_error", "not_priced",
+        "margin_bytes", "lengths", "verl_error", "verl_message", "not_priced", "combined_fix", "way_out",
     }  # fmt: skip
     assert doc["verdict"] == "oom" and doc["first_oom_full_width"] == "old_log_prob"
     assert doc["capacity_bytes"] == 80 * GiB and doc["margin_bytes"] == 2 * GiB and "full width" in doc["lengths"]
@@ -145,6 +145,24 @@ def test_bad_input_is_a_clear_error():
         with contextlib.redirect_stderr(io.StringIO()) as err:
             assert main(["memory", *args]) == 2
         assert "labkit:" in err.getvalue() and "Traceback" not in err.getvalue()
+
+
+def test_verl_verdict_comes_first_and_an_unset_model_is_verls_default(capsys):
+    """verl's bare defaults: no micro-batch size (verl raises E7 at start-up) and no model.path (verl loads
+    ~/models/deepseek-llm-7b-chat). The answer says both before any memory, exits 1, and the JSON carries the
+    message ``check`` prints."""
+    assert main(["memory"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("note: actor_rollout_ref.model.path is not set") and "deepseek-llm-7b-chat" in lines[0]
+    assert lines[1].startswith("verl rejects this config (E7): [actor] Please set at least one of")
+    assert "DeepSeek-LLM-7B" in lines[2] and lines[-1].startswith("verdict:")
+    assert main(["memory", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    main(["check"])
+    said = capsys.readouterr().out.splitlines()[1]  # "AssertionError (E7): <verl's message>"
+    assert doc["verl_error"] == "E7" and said.endswith(f"(E7): {doc['verl_message']}")
+    assert main(["memory", "--model", "Qwen2.5-7B", f"{A}.use_dynamic_bsz=true"]) == 0  # named: no note, accepted
+    assert not capsys.readouterr().out.startswith(("note:", "verl rejects"))
 
 
 def test_a_model_that_does_not_fit_at_one_row_says_so():

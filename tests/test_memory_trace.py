@@ -208,6 +208,7 @@ PADDED_CLI = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.ppo_micro_batch_size_per_gpu=4",  # GAE's critic: verl rejects the config without it (E13)
     "data.max_prompt_length=512",
     "data.max_response_length=1536",
     "actor_rollout_ref.actor.use_remove_padding=false",

@@ -96,8 +96,16 @@ def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str 
         d.facts["held_by"] = held
         h = gpu_share.holders(a)
         d.facts["other_processes"] = [{"pid": p, "bytes": b} for p, b in h.others]
-    rep, d.model, why = report_for(cfg, model, a.capacity) if a.device == "cuda" else (None, None, "")
+    if a.device in ("engine-start", "kv-cache"):  # the rollout engine's own start-up checks: generate's share
+        d.phase = "generate"
+    priced = a.device in ("cuda", "engine-start", "kv-cache")
+    rep, d.model, why = report_for(cfg, model, a.capacity) if priced else (None, None, "")
     phase = d.phase
+    if rep is not None and a.device == "kv-cache" and not rep.phases["generate"].info.get("engine_error"):
+        d.lines.append(oom_answer.pool_not_explained(rep, a))
+        rep = None  # labkit's engine has a pool here: its fixes for another failure would mislead
+    elif rep is not None and a.capacity is None:
+        d.lines.append(f"priced on {rep.settings.gpu_bytes / 2**30:,.2f} GiB GPUs: the log names no capacity (assumed)")
     if rep is not None and phase in rep.phases:
         tensors = phase_tensors(rep.settings, phase, rep.phases[phase])
         found, matched = oom_answer.tensor_lines(
@@ -119,10 +127,10 @@ def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str 
     if held == "shared":
         d.explained = True
     if a.device == "kv-cache":
-        d.phase = d.phase or "generate"
         d.lines.append(
-            "the engine's share u·C (gpu_memory_utilization × capacity) did not cover its weights and activations: "
-            "raise rollout.gpu_memory_utilization or rollout.tensor_model_parallel_size (labkit memory prices it)"
+            "the engine's share u·C (gpu_memory_utilization × capacity) did not cover its weights and activations "
+            "(SGLang: and what the GPU already held): raise rollout.gpu_memory_utilization or "
+            "rollout.tensor_model_parallel_size, or offload the training side (labkit memory prices each)"
         )
         d.explained = True
 

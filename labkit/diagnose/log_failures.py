@@ -24,7 +24,8 @@ def to_bytes(number: str, unit: str) -> int:
 @dataclass
 class AllocationFailure:
     """A failed allocation: ``device`` cuda | cpu | cuda-no-size (vLLM's cumem allocator, a bare CUDA error) |
-    kv-cache (the engine found no memory for its KV pool); the figures PyTorch printed, in bytes, when it did."""
+    kv-cache (the engine found no memory for its KV pool) | engine-start (vLLM's start-up check: less free memory
+    than its share u·C); the figures PyTorch or vLLM printed, in bytes, when it did."""
 
     device: str
     line: int
@@ -36,6 +37,8 @@ class AllocationFailure:
     """Allocated by PyTorch when it failed."""
     reserved_unallocated: int | None = None
     """Reserved by PyTorch's caching allocator but not allocated (fragmentation or cached blocks)."""
+    share: float | None = None
+    """engine-start: the gpu_memory_utilization vLLM printed (``requested`` is its u·C)."""
     process: int | None = None
     """This process's memory in use, non-PyTorch memory included ("this process has X memory in use")."""
     listed: list[tuple[int, int]] = field(default_factory=list)
@@ -62,6 +65,12 @@ KV_POOL = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static"
 )
 SGLANG_SAVER = re.compile(r"torch_memory_saver\S*\] CUresult error: 2 \(out of memory\)")
+VLLM_START = re.compile(
+    r"Free memory on device(?: \S+)? \(([0-9.]+)/([0-9.]+) GiB\) on startup is less than desired GPU memory "
+    r"utilization \(([0-9.]+), ([0-9.]+) GiB\)"
+)
+"""vLLM V1's start-up check (vllm/v1/worker/gpu_worker.py, later v1/worker/utils.py ``request_memory``): the free
+memory it measured, the total, gpu_memory_utilization and u·C; later releases name the device too."""
 
 
 def _size(pattern: re.Pattern, text: str) -> int | None:
@@ -108,6 +117,17 @@ def allocation_failure(line: LogLine) -> AllocationFailure | None:
     m = CPU.search(text)
     if m:
         return AllocationFailure("cpu", line.number, requested=int(m.group(1)))
+    m = VLLM_START.search(text)
+    if m:
+        free, total, share, wanted = m.groups()
+        return AllocationFailure(
+            "engine-start",
+            line.number,
+            requested=to_bytes(wanted, "GiB"),
+            capacity=to_bytes(total, "GiB"),
+            free=to_bytes(free, "GiB"),
+            share=float(share),
+        )
     if KV_POOL.search(text):
         return AllocationFailure("kv-cache", line.number)
     if CUDA_BARE.search(text) or SGLANG_SAVER.search(text):

@@ -24,6 +24,12 @@ def figures(a: AllocationFailure) -> list[str]:
         return [f"host allocation failed: {a.requested:,} bytes ({_gib(a.requested)}) requested from the CPU allocator"]
     if a.device == "kv-cache":
         return ["the rollout engine found no memory for its KV-cache pool at start-up"]
+    if a.device == "engine-start":
+        return [
+            f"vLLM's start-up check: {_gib(a.free)} free of {_gib(a.capacity)}, less than its share u·C = "
+            f"{a.share} × {_gib(a.capacity)} = {_gib(a.requested)}; {_gib((a.capacity or 0) - (a.free or 0))} was "
+            "already held (the training side not yet offloaded, another process): the generate phase's memory"
+        ]
     if a.requested is None:
         return ["CUDA out of memory, without sizes (a CUDA error or vLLM's own allocator, not PyTorch's)"]
     return [
@@ -31,6 +37,21 @@ def figures(a: AllocationFailure) -> list[str]:
         f"by PyTorch {_gib(a.allocated)}, reserved but unallocated {_gib(a.reserved_unallocated)}"
         + (f"; this process {_gib(a.process)} in use" if a.process is not None else "")
     ]
+
+
+def pool_not_explained(rep: MemoryReport, a: AllocationFailure) -> str:
+    """The line for an engine that found no KV room where labkit's model leaves it one: what labkit gives it, and
+    what it does not model (SGLang sizes its pool after everything the GPU holds when it starts)."""
+    g = rep.phases["generate"]
+    gpu = f"{rep.settings.gpu_bytes / GiB:,.2f} GiB GPUs" + (
+        " (assumed: the log names no capacity)" if a.capacity is None else ""
+    )
+    return (
+        f"labkit's model leaves the engine a KV pool of {_gib(g.instants['engine'].get('kv_cache', 0))} on {gpu}, so "
+        "it does not "
+        "explain this failure: SGLang sizes its pool as u·C minus everything on the GPU when it starts (the training "
+        "side not yet offloaded, another process), which labkit does not subtract; or the lengths or the GPU differ"
+    )
 
 
 FP32_OPS = ("entropy", "softmax", "logsumexp", "log_softmax", "float")
@@ -41,7 +62,7 @@ def tensor_lines(
 ) -> tuple[list[str], bool]:
     """Which tensor the request was, and whether labkit's model matched it (a factorisation is only a hint; raised
     in an entropy or softmax frame, the fp32 reading comes first)."""
-    if a.requested is None or a.requested < 64 * 2**20:
+    if a.device != "cuda" or a.requested is None or a.requested < 64 * 2**20:
         return [], False
     hit = match(a.requested, tensors) if tensors else None
     if hit is not None:
@@ -72,16 +93,25 @@ def prediction(
     p = rep.phases[phase]
     state, left = rep.state(phase)
     needed = (a.allocated or 0) + (a.requested or 0)
+    held = (a.capacity or 0) - (a.free or 0)
+    if a.device == "engine-start":  # held by the rest + the engine's share
+        needed = held + (a.requested or 0)
+        log = f"; the log: {_gib(held)} held + {_gib(a.requested)} u·C = {_gib(needed)}"
+    else:
+        log = f"; the log: {_gib(a.allocated)} allocated + {_gib(a.requested)} requested = {_gib(needed)}"
     lines = [
         f"labkit predicts {phase} at {_gib(p.peak_bytes)} per GPU ({state}, {_gib(abs(left))} "
         f"{'left' if left >= 0 else 'over'}), largest terms: "
         + ", ".join(f"{k} {_gib(v)}" for k, v in list(p.terms.items())[:4])
-        + (
-            f"; the log: {_gib(a.allocated)} allocated + {_gib(a.requested)} requested = {_gib(needed)}"
-            if needed
-            else ""
-        )
+        + (log if needed else "")
     ]
+    placed = p.peak_bytes - p.info.get("engine_share_bytes", p.peak_bytes)
+    if a.device == "engine-start" and held > placed + 2 * GiB:
+        lines.append(
+            f"the GPU held {_gib(held)} when the engine started, labkit's model places {_gib(placed)} there (the "
+            f"training side and headroom): {_gib(held - placed)} more was held by something it does not model "
+            "(another process on the GPU, an earlier engine not shut down, a leak); nvidia-smi shows it"
+        )
     if state != "OOM":
         lines.append(
             f"labkit's model has {phase} fitting this GPU, so it does not explain this OOM: the lengths or a "

@@ -10,7 +10,7 @@ from typing import Any
 from labkit.config.verl_config import ConfigError
 from labkit.memory.gpus import gpu_names
 from labkit.memory.headroom import gpu_settings
-from labkit.memory.model_source import model_for, stand_in_note
+from labkit.memory.model_source import default_model_note, model_for, stand_in_note
 from labkit.memory.settings import MemorySettings
 
 MIN_CAPACITY, MAX_CAPACITY = 2**30, 2**50
@@ -46,4 +46,4 @@ def settings_for(
 def model_note(cfg: Any, model: str | None) -> str | None:
     """The stand-in note ``labkit memory`` prints first when ``--model`` prices another model than the config's
     ``actor_rollout_ref.model.path`` names (``labkit.memory.model_source.stand_in_note``); None when they agree."""
-    return stand_in_note(cfg, model)
+    return default_model_note(cfg, model) or stand_in_note(cfg, model)

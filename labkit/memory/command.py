@@ -2,7 +2,7 @@
 
 ``labkit.cli`` adds the sub-command with ``add_arguments`` and calls ``run(cfg, ns)``; bad --model / --gpu-memory
 raise ``ConfigError`` (exit 2). Exit 0 when every phase fits (or is tight: under the margin, not over the GPU),
-1 when one OOMs.
+1 when one OOMs or verl rejects the config (said first).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from labkit.config.verl_config import ConfigError, VerlConfig
 from labkit.memory.choice import model_note, settings_for
+from labkit.memory.fix_combine import MAX_SET
 from labkit.memory.gpus import gpu, gpu_names
 from labkit.memory.headroom import DEFAULT_GPU
 from labkit.memory.settings import MemorySettings
@@ -138,6 +139,12 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
     stages each phase was priced on)."""
     s = rep.settings
     lines = [f"{s.model.name} on {s.world_size} GPUs of {_gib(s.gpu_bytes)} ({s.profile} profile), per GPU:"]
+    if rep.verl_error is not None:  # verl's verdict first: the memory below is what the config needs once fixed
+        lines.insert(
+            0,
+            f"verl rejects this config ({rep.verl_error}): {rep.verl_message} (`labkit check` says why and how to fix "
+            "it); the memory below is what the config would need once fixed",
+        )
     if layout is not None and layout.is_megatron:
         lay = layout
         lines.insert(
@@ -216,10 +223,6 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
         )
         if rep.full_width is None and rep.break_even.get(rep.first_oom):
             lines.append(f"  {_while(rep, rep.first_oom)}")
-    if rep.verl_error is not None:
-        lines.append(
-            f"note: verl rejects this config before any memory fix ({rep.verl_error}: `labkit check` says why)"
-        )
     lines.append("fixes (each alone, new predicted peak of that phase; * = the whole step then fits):")
     for f in rep.fixes:
         mark = "*" if f["step_fits"] else (" " if f["fits"] else "-")
@@ -235,12 +238,27 @@ def render_text(rep: MemoryReport, layout: ParallelLayout | None = None) -> str:
             f"  {mark} [{f['phase']}] {f['set']}{_was(f)}: {_gib(f['new_peak_bytes'])} ({state}); {verl}; "
             f"cost: {f['cost']}"
         )
-    if not any(f["step_fits"] for f in rep.fixes):
-        lines.append(
-            "  no single knob labkit models makes the whole step fit: combine fixes, or use more GPUs, a "
-            "larger GPU or a smaller model"
-        )
+    lines.extend(f"  {line}" for line in way_out_lines(rep))
     return "\n".join(lines)
+
+
+def way_out_lines(rep: MemoryReport) -> list[str]:
+    """When no single fix makes the whole step fit: the cheapest set that does, with its costs, or what would."""
+    if rep.combined_fix is not None:
+        c = rep.combined_fix
+        verl = "verl accepts it" if c["verl_error"] is None else f"verl rejects it ({c['verl_error']})"
+        top = max(c["peaks"].values())
+        return [
+            f"no single knob makes the whole step fit; together: {c['set']}: every phase fits (highest peak "
+            f"{_gib(top)}); {verl}",
+            *(f"  cost of {knob}: {cost}" for knob, cost in zip(c["knobs"], c["costs"], strict=True)),
+        ]
+    if rep.way_out is not None:
+        return [
+            "no knob labkit prices makes the whole step fit, alone or together (up to "
+            f"{MAX_SET} at once); what would: {rep.way_out}"
+        ]
+    return []
 
 
 NOT_PRICED = {
@@ -254,6 +272,15 @@ NOT_PRICED = {
 def not_priced_lines(items: list[dict[str, str]]) -> list[str]:
     """One line per key the config sets that the answer did not price: what it is and what it would change."""
     return [f"{NOT_PRICED[i['effect']]}: {i['key']}={i['value']}: {i['text']}" for i in items]
+
+
+def break_even_line(rep: MemoryReport) -> str:
+    """The break-even of every phase that does not fit at full width, in one line (the dashboard's, 07's)."""
+    parts = [
+        _while(rep, name) if tokens else f"{name} does not fit at any length (its lengths do not move it)"
+        for name, tokens in rep.break_even.items()
+    ]
+    return "at full width: " + "; ".join(parts) if parts else ""
 
 
 def _while(rep: MemoryReport, phase: str) -> str:
@@ -328,7 +355,7 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
         print(render_text(rep, ParallelLayout.from_config(cfg)))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))
-    return 0 if rep.first_oom is None else 1
+    return 0 if rep.first_oom is None and rep.verl_error is None else 1
 
 
 def _trace(cfg: VerlConfig, rep: MemoryReport, phase: str, tracer: Tracer) -> tuple[str, dict, dict]:

@@ -1,9 +1,9 @@
-"""The verl knobs "why did it OOM?" tries for a phase that does not fit: one ``Candidate`` per knob, its values most
-generous first, and what it costs. ``labkit.memory.verdict.fixes_for`` re-evaluates each value with the same memory
-model and keeps the first that fits.
+"""The verl knobs "why did it OOM?" tries for a phase that does not fit: one ``Candidate`` per knob, its values the
+smallest change first, what it costs and its tier. ``labkit.memory.verdict.fixes_for`` re-evaluates each value with
+the same memory model and keeps the first that fits.
 
-Each family of knobs is one function ``(cfg, settings, phase) -> list[Candidate]`` in ``CANDIDATES``; another
-engine's fixes (Megatron's parallel sizes, its offload flags) are one more function appended there. A value is a
+Each family of knobs is one function ``(cfg, settings, phase) -> list[Candidate]`` (the larger moves are in
+``labkit.memory.fix_scale``; ``labkit.memory.fix_knobs`` lists the families per engine). A value is a
 change of config keys (dotted, ``None`` deletes the key) or of ``MemorySettings`` fields (a knob the settings read
 from the config, named by ``Candidate.knob``).
 """
@@ -15,16 +15,24 @@ from typing import Any, NamedTuple
 
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
-from labkit.memory.settings import MemorySettings, compile_key
+from labkit.memory.phases import generate
+from labkit.memory.settings import MemorySettings, compile_key, critic_fsdp
 from labkit.memory.step_memory import PASS_KEYS, config_shape
+
+FREE, TIME, COMMUNICATION, DIFFERENT_RUN = 0, 1, 2, 3
+"""A fix's tier, what it costs in kind: nothing but a kernel or a compile, time, host or network traffic (offload,
+a parallel size), a different run (LoRA, more nodes). A set of fixes is cheaper when its dearest tier is lower."""
+KINDS = ("kernel", "time", "traffic", "another run")
+"""Each tier's word in a fix's ``kind`` (``--json``)."""
 
 
 class Candidate(NamedTuple):
-    """One knob: ``tries`` (changes, most generous first) and ``cost`` (what the user pays for it)."""
+    """One knob: ``tries`` (changes, the smallest change first), ``cost`` (what the user pays for it) and its tier."""
 
     knob: str
     tries: list[dict[str, Any]]
     cost: str
+    tier: int = TIME
 
 
 CandidateSource = Callable[[VerlConfig, MemorySettings, str], list[Candidate]]
@@ -77,7 +85,7 @@ def ulysses(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
         "Ulysses all-to-alls per layer; halves DP; a dynamic budget is multiplied by SP, so it only helps with a "
         "static micro-batch or a smaller budget"
     )
-    return [Candidate(sp_key, [{sp_key: 2 * sp}], cost)]
+    return [Candidate(sp_key, [{sp_key: 2 * sp}], cost, COMMUNICATION)]
 
 
 def log_prob_head(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
@@ -88,10 +96,10 @@ def log_prob_head(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candid
             "log-probs from hidden states 512 tokens at a time, no full logits; a different kernel (verl's "
             "FusedLinearForPPO), the same math up to bf16 rounding"
         )
-        out.append(Candidate(f"{MODEL}.use_fused_kernels", [{"fused_kernels": True}], cost))
+        out.append(Candidate(f"{MODEL}.use_fused_kernels", [{"fused_kernels": True}], cost, FREE))
     if (phase == "old_log_prob" or (phase == "update_actor" and s.update_entropy)) and not s.entropy_compiled:
         cost = "torch.compile's first-step compile time; the same entropy up to fusion rounding"
-        out.append(Candidate(compile_key(cfg.profile), [{"entropy_compiled": True}], cost))
+        out.append(Candidate(compile_key(cfg.profile), [{"entropy_compiled": True}], cost, FREE))
     if phase == "old_log_prob" and not s.entropy_chunking:
         cost = "a little time (2,048 rows at a time); same entropy"
         out.append(Candidate(f"{ACTOR}.entropy_from_logits_with_chunking", [{"entropy_chunking": True}], cost))
@@ -107,23 +115,27 @@ def checkpointing(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candid
 
 
 def offload(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
-    """FSDP's parameter and optimizer offload (actor, reference)."""
-    out = []
-    if not s.param_offload:
-        out.append(
-            Candidate(
-                f"{ACTOR}.fsdp_config.param_offload",
-                [{"param_offload": True}],
-                "params cross PCIe twice a step; same math",
-            )
-        )
-    if not s.optimizer_offload:
-        cost = "Adam states cross PCIe once a step; same math"
-        out.append(Candidate(f"{ACTOR}.fsdp_config.optimizer_offload", [{"optimizer_offload": True}], cost))
-    if s.need_ref and not s.ref_offloaded and not s.ref_param_offload:
-        cost = "ref params cross PCIe; same math"
-        out.append(Candidate(f"{REF}.fsdp_config.param_offload", [{"ref_param_offload": True}], cost))
-    return out
+    """FSDP's parameter and optimizer offload (actor, reference, critic)."""
+    params, adam = "params cross PCIe twice a step; same math", "Adam states cross PCIe once a step; same math"
+    critic = critic_fsdp(cfg.profile)
+    wanted = [
+        (not s.param_offload, f"{ACTOR}.fsdp_config.param_offload", "param_offload", params),
+        (not s.optimizer_offload, f"{ACTOR}.fsdp_config.optimizer_offload", "optimizer_offload", adam),
+        (
+            s.need_ref and not s.ref_offloaded and not s.ref_param_offload,
+            f"{REF}.fsdp_config.param_offload",
+            "ref_param_offload",
+            "ref params cross PCIe; same math",
+        ),
+        (s.need_critic and not s.critic_param_offload, f"{critic}.param_offload", "critic_param_offload", params),
+        (
+            s.need_critic and not s.critic_optimizer_offload,
+            f"{critic}.optimizer_offload",
+            "critic_optimizer_offload",
+            adam,
+        ),
+    ]
+    return [Candidate(knob, [{field: True}], cost, COMMUNICATION) for want, knob, field, cost in wanted if want]
 
 
 def rollout_pool(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
@@ -133,8 +145,12 @@ def rollout_pool(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candida
         cost = "the engine sleeps and wakes each step (seconds); same math"
         out.append(Candidate(f"{ROLLOUT}.free_cache_engine", [{"free_cache_engine": True}], cost))
     u = s.gpu_memory_utilization
-    tries = [{"gpu_memory_utilization": round(u - 0.05 * k, 2)} for k in range(1, 20) if u - 0.05 * k > 0.04]
-    cost = "a smaller KV pool: fewer sequences in flight, slower generation (preemption); same math"
+    if phase == "generate" and generate(s).info["engine_error"]:  # the share holds no KV pool: a larger one
+        tries = [{"gpu_memory_utilization": round(u + 0.05 * k, 2)} for k in range(1, 20) if u + 0.05 * k < 0.96]
+        cost = "a larger engine share: room for its KV pool, less left for what else the GPU holds; same math"
+    else:
+        tries = [{"gpu_memory_utilization": round(u - 0.05 * k, 2)} for k in range(1, 20) if u - 0.05 * k > 0.04]
+        cost = "a smaller KV pool: fewer sequences in flight, slower generation (preemption); same math"
     out.append(Candidate(f"{ROLLOUT}.gpu_memory_utilization", tries, cost))
     seqs = [{"max_num_seqs": s.max_num_seqs // 2**k} for k in range(1, 8) if s.max_num_seqs // 2**k >= 1]
     out.append(
@@ -159,26 +175,20 @@ def megatron_sizes(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candi
     out = []
     if w % (tp * 2 * pp * cp) == 0 and m.num_hidden_layers % (2 * pp) == 0:
         cost = "a deeper pipeline: more bubble ((PP−1)/(Mμ+PP−1)), more point-to-point sends; halves DP"
-        out.append(
-            Candidate(f"{MEG}.pipeline_model_parallel_size", [{f"{MEG}.pipeline_model_parallel_size": 2 * pp}], cost)
-        )
+        key = f"{MEG}.pipeline_model_parallel_size"
+        out.append(Candidate(key, [{key: 2 * pp}], cost, COMMUNICATION))
     if pp > 1 and not vpp and m.num_hidden_layers % (pp * 2) == 0:
         cost = "interleaved 1F1B: a smaller bubble, more sends; the micro-batch count must divide by PP"
-        out.append(
-            Candidate(
-                f"{MEG}.virtual_pipeline_model_parallel_size",
-                [{f"{MEG}.virtual_pipeline_model_parallel_size": 2}],
-                cost,
-            )
-        )
+        key = f"{MEG}.virtual_pipeline_model_parallel_size"
+        out.append(Candidate(key, [{key: 2}], cost, COMMUNICATION))
     if w % (tp * pp * cp * 2) == 0:
         cost = "context parallel: K/V exchanged around the CP ring in every attention layer; halves DP"
-        out.append(Candidate(f"{MEG}.context_parallel_size", [{f"{MEG}.context_parallel_size": 2 * cp}], cost))
+        key = f"{MEG}.context_parallel_size"
+        out.append(Candidate(key, [{key: 2 * cp}], cost, COMMUNICATION))
     if w % (tp * 2 * pp * cp) == 0 and m.num_attention_heads % (2 * tp) == 0 and m.num_key_value_heads % (2 * tp) == 0:
         cost = "tensor parallel: two more collectives per layer over a larger group; halves DP"
-        out.append(
-            Candidate(f"{MEG}.tensor_model_parallel_size", [{f"{MEG}.tensor_model_parallel_size": 2 * tp}], cost)
-        )
+        key = f"{MEG}.tensor_model_parallel_size"
+        out.append(Candidate(key, [{key: 2 * tp}], cost, COMMUNICATION))
     return out
 
 
@@ -198,36 +208,9 @@ def megatron_recompute_and_offload(cfg: VerlConfig, s: MemorySettings, phase: st
             Candidate(f"{tc}.recompute_granularity", tries, "one more forward per layer in backward; same gradient")
         )
     if not cfg.get(f"{MEG}.param_offload"):
-        out.append(Candidate(f"{MEG}.param_offload", [{f"{MEG}.param_offload": True}], "params cross PCIe; same math"))
+        cost = "params cross PCIe; same math"
+        out.append(Candidate(f"{MEG}.param_offload", [{f"{MEG}.param_offload": True}], cost, COMMUNICATION))
     if not cfg.get(f"{MEG}.optimizer_offload"):
         cost = "fp32 main params and Adam cross PCIe once a step; same math"
-        out.append(Candidate(f"{MEG}.optimizer_offload", [{f"{MEG}.optimizer_offload": True}], cost))
+        out.append(Candidate(f"{MEG}.optimizer_offload", [{f"{MEG}.optimizer_offload": True}], cost, COMMUNICATION))
     return out
-
-
-CANDIDATES: list[CandidateSource] = [
-    micro_rows,
-    token_budget,
-    ulysses,
-    log_prob_head,
-    checkpointing,
-    offload,
-    rollout_pool,
-]
-"""Every family of knobs, in the order their fixes are listed before sorting (append one to add a family)."""
-
-MEGATRON_CANDIDATES: list[CandidateSource] = [
-    micro_rows,
-    token_budget,
-    megatron_sizes,
-    megatron_recompute_and_offload,
-    rollout_pool,
-]
-"""Under Megatron: the shared batch knobs, its own sizes, recompute and offload (FSDP's Ulysses, checkpointing,
-offload and head knobs are not read by the Megatron engine)."""
-
-
-def candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
-    """Every knob worth trying for one phase that does not fit (the training engine's own)."""
-    megatron = cfg.get(f"{ACTOR}.strategy") == "megatron"
-    return [c for source in (MEGATRON_CANDIDATES if megatron else CANDIDATES) for c in source(cfg, s, phase)]

@@ -44,13 +44,15 @@ def gpu_settings(cfg: Any, name: str | None, capacity: int | None = None, margin
     f = facts()
     name = name or DEFAULT_GPU
     gpu(name)  # KeyError lists the known GPUs
-    c = capacity if capacity is not None else reported_bytes(name)[0]
+    c, basis = (capacity, "as given") if capacity is not None else reported_bytes(name)
+    basis = basis if capacity is not None else ("as reported" if "nvidia-smi" in basis else "nominal")
     world = int(cfg.n_gpus)
     comms = (1 if world > 1 else 0) + (1 if cfg.get(f"{ACTOR}.ulysses_sequence_parallel_size") > 1 else 0)
     comms += 1 if cfg.get(f"{ROLLOUT}.tensor_model_parallel_size") > 1 else 0
     sm90 = gpu(name).name in f["sm90_gpus"]
     return dict(
         gpu_bytes=int(c),
+        capacity_basis=basis,
         cuda_context_bytes=int(f["cuda_context_mib"] * MiB),
         cublas_workspace_bytes=int(f["cublas_workspace_mib_sm90" if sm90 else "cublas_workspace_mib_other"] * MiB),
         nccl_bytes=int(comms * 2 * f["nccl_buffsize_mib"] * f["nccl_channels"] * MiB),

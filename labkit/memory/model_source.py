@@ -129,12 +129,29 @@ def resolve(path: str, what: str = PATH_KEY) -> ModelShape:
     raise _unknown(what, path)
 
 
+VERL_DEFAULT_PATH = "~/models/deepseek-llm-7b-chat"
+"""What verl loads when ``actor_rollout_ref.model.path`` is not set (its ppo_trainer.yaml default, 0.2 to 0.9.1)."""
+
+
 def model_for(cfg: Any, explicit: str | None = None) -> ModelShape:
     """The shape to price: ``explicit`` (``--model`` / the dashboard's choice: a name or a folder with a config.json)
-    when given, else the model ``actor_rollout_ref.model.path`` names. ConfigError otherwise, one line."""
+    when given, else the model ``actor_rollout_ref.model.path`` names, else (the path not set) verl's own default,
+    DeepSeek-LLM-7B, which ``default_model_note`` says first. ConfigError otherwise, one line."""
     if explicit:
         return resolve(explicit, "--model")
+    if not cfg.is_set(PATH_KEY):
+        return resolve(VERL_DEFAULT_PATH)
     return resolve(str(cfg.get(PATH_KEY) or ""))
+
+
+def default_model_note(cfg: Any, explicit: str | None) -> str | None:
+    """The line an answer opens with when no model is named anywhere: it prices what verl would load."""
+    if explicit or cfg.is_set(PATH_KEY):
+        return None
+    return (
+        f"note: {PATH_KEY} is not set: verl loads its default {VERL_DEFAULT_PATH}, priced as "
+        f"{resolve(VERL_DEFAULT_PATH).name}; set {PATH_KEY} or pass --model to price your model"
+    )
 
 
 def _billions(s: ModelShape) -> str:
@@ -145,8 +162,8 @@ def _billions(s: ModelShape) -> str:
 def stand_in_note(cfg: Any, explicit: str | None) -> str | None:
     """When ``--model`` prices another model than ``actor_rollout_ref.model.path`` names, the line that says so
     first (issue 38 item 6), e.g. ``note: pricing Qwen3-8B (8.19B params) while actor_rollout_ref.model.path names
-    Qwen3-30B-A3B (30.5B total, 3.35B active)``; None when they agree or no --model was given."""
-    if not explicit:
+    Qwen3-30B-A3B (30.5B total, 3.35B active)``; None when they agree, no --model was given or the path is not set."""
+    if not explicit or not cfg.is_set(PATH_KEY):
         return None
     chosen = resolve(explicit, "--model")
     path = str(cfg.get(PATH_KEY) or "")

@@ -158,6 +158,9 @@ class MemorySettings:
     """The caching allocator's reserved-but-unallocated share of the allocated peak (fragmentation)."""
     margin_bytes: int = 0
     """A phase with less than this left of C is ``tight``, not ``fits`` (``--margin``)."""
+    capacity_basis: str = "as given"
+    """Where C comes from: ``as reported`` (nvidia-smi's total on record), ``nominal`` (the vendor's size: no total
+    on record) or ``as given`` (``--gpu-memory``)."""
 
     @property
     def prompt_length(self) -> int:
@@ -196,7 +199,7 @@ class MemorySettings:
         g = cfg.get
         shape = model if isinstance(model, ModelShape) else model_shape(model)
         old_release = cfg.release is not None and cfg.release.version in OLD
-        critic = "critic.model.fsdp_config" if cfg.profile == "legacy" else "critic.fsdp"
+        critic = critic_fsdp(cfg.profile)
         values = dict(
             model=shape,
             gpu_bytes=int(gpu_bytes),
@@ -268,6 +271,12 @@ def _release_memory(cfg: Any) -> dict[str, bool]:
         actor_in_generate=m.actor_in_generate,
         ref_offloaded=m.ref_offloaded,
     )
+
+
+def critic_fsdp(profile: str) -> str:
+    """Where the critic's FSDP settings live: ``critic.model.fsdp_config`` (legacy workers), ``critic.fsdp`` (the
+    engine's CriticConfig)."""
+    return "critic.model.fsdp_config" if profile == "legacy" else "critic.fsdp"
 
 
 def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:

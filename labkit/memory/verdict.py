@@ -1,7 +1,7 @@
 """ "Why did it OOM?": the first phase whose peak exceeds the GPU, and the verl knobs that would fix it, each with
 its new predicted peak and what it costs. A fix is a config override re-evaluated by the same model (no guessing),
 never a value the config already has, and it says what it changes from and to. The knobs tried are
-``labkit.memory.fix_candidates.CANDIDATES`` (one function per family of knobs).
+``labkit.memory.fix_knobs.CANDIDATES`` (one function per family of knobs).
 """
 
 from __future__ import annotations
@@ -9,18 +9,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
+from functools import partial
 from typing import Any
 
 from labkit.config.key_effects import unpriced
+from labkit.config.keys import KEYS
 from labkit.config.lengths import Uniform, check_uniform
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.break_even import break_even
-from labkit.memory.fix_candidates import candidates
+from labkit.memory.fix_candidates import KINDS
+from labkit.memory.fix_combine import combined_fix
+from labkit.memory.fix_knobs import candidates
 from labkit.memory.headroom import gpu_settings, state
 from labkit.memory.model_source import PATH_KEY
 from labkit.memory.phases import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases, trace_phases
+from labkit.memory.way_out import way_out
 from labkit.rules.catalogue import catalogue
 from labkit.trace import StepTrace
 from labkit.validate.report import check
@@ -40,6 +45,8 @@ class MemoryReport:
     """The length assumption the verdict rests on."""
     verl_error: str | None = None
     """The code of the error verl raises for the config itself (None: it accepts it); each fix has its own."""
+    verl_message: str | None = None
+    """verl's own message for ``verl_error`` (what an answer says first)."""
     lengths_short: str = "worst case: every row at full width"
     """The same assumption in a few words (a figure's title)."""
     full_width: dict[str, Phase] | None = None
@@ -51,6 +58,10 @@ class MemoryReport:
     """The prompt length the break-even assumes (the given lengths' prompt, else data.max_prompt_length)."""
     not_priced: list[dict[str, str]] = field(default_factory=list)
     """Every key the config sets that this answer did not read, with its effect (``labkit.config.key_effects``)."""
+    combined_fix: dict[str, Any] | None = None
+    """When no single fix makes the whole step fit: the cheapest set of them that does (``fix_combine``)."""
+    way_out: str | None = None
+    """When no fix does, alone or together: what would (more nodes, a larger GPU), or that nothing labkit knows."""
 
     @property
     def first_oom_full_width(self) -> str | None:
@@ -88,12 +99,15 @@ class MemoryReport:
             "break_even": {
                 n: {"response_tokens": v, "prompt_tokens": self.prompt_tokens} for n, v in self.break_even.items()
             },
-            "fixes": self.fixes,
+            "fixes": [{k: v for k, v in f.items() if k != "change"} for f in self.fixes],
             "capacity_bytes": self.settings.gpu_bytes,
             "margin_bytes": self.settings.margin_bytes,
             "lengths": self.lengths,
             "verl_error": self.verl_error,
+            "verl_message": self.verl_message,
             "not_priced": self.not_priced,
+            "combined_fix": self.combined_fix,
+            "way_out": self.way_out,
         }
         if details:
             out.update(model=self.settings.model.name, gpu_bytes=self.settings.gpu_bytes, profile=self.settings.profile)
@@ -137,7 +151,7 @@ def _changes(cfg: VerlConfig, s: MemorySettings, knob: str, change: dict) -> lis
         if "." not in k:
             key, now = knob, getattr(s, k)
         else:
-            key, now = k, cfg.values.get(k) if v is None else cfg.get(k)
+            key, now = k, cfg.values.get(k) if v is None else cfg.get(k) if k in KEYS else cfg.raw(k)
         if now != v:
             out.append((key, now, v))
     return out
@@ -164,9 +178,30 @@ def _apply(cfg: VerlConfig, s: MemorySettings, change: dict) -> tuple[VerlConfig
     return new_cfg, replace(new_s, **fields) if fields else new_s
 
 
+def _priced(
+    cfg: VerlConfig, s: MemorySettings, change: dict, evaluate: Evaluate, tried: dict[str, Any]
+) -> tuple[VerlConfig, MemorySettings, dict[str, Phase]]:
+    """The config, settings and phases after ``change``, priced once per report (``tried``)."""
+    key = repr(sorted(change.items()))
+    if key not in tried:
+        new_cfg, new_s = _apply(cfg, s, change)
+        tried[key] = (new_cfg, new_s, evaluate(new_cfg, new_s))
+    return tried[key]
+
+
 def _setting(changes: list[tuple[str, Any, Any]], side: int) -> str:
-    """The changes as overrides: ``side`` 2 the values after (``~key``: delete it), 1 the values now."""
-    return ", ".join(f"~{c[0]}" if side == 2 and c[2] is None else f"{c[0]}={_text(c[side])}" for c in changes)
+    """The changes as overrides: ``side`` 2 the values after (``~key``: delete it; ``+key``: a key verl's YAML does
+    not have, added into one of its open mappings), 1 the values now (``key unset`` for such a key)."""
+
+    def one(key: str, now: Any, to: Any) -> str:
+        if side == 2 and to is None:
+            return f"~{key}"
+        added = "." in key and key not in KEYS and now is None  # a key the YAML does not have, not set now
+        if added and side == 1:
+            return f"{key} unset"
+        return f"{'+' if added else ''}{key}={_text(to if side == 2 else now)}"
+
+    return ", ".join(one(*c) for c in changes)
 
 
 catalogue()  # every fix is checked against verl's rules, whose messages come from the catalogue: read it once, here
@@ -179,6 +214,17 @@ def verl_error(cfg: VerlConfig) -> str | None:
     return None if first is None else first.code
 
 
+def verl_rejection(cfg: VerlConfig) -> tuple[str, str] | None:
+    """``(code, verl's message)`` of the first error verl raises for ``cfg``, None when it accepts it."""
+    first = check(cfg).first_error
+    return None if first is None else (first.code, first.message)
+
+
+def _accepted(cfg: VerlConfig, base_error: str | None, new_cfg: VerlConfig) -> bool:
+    """verl accepts the changed config, or rejects it only as it rejects ``cfg`` itself."""
+    return new_cfg is cfg or verl_error(new_cfg) in (None, base_error)
+
+
 def fixes_for(
     cfg: VerlConfig,
     s: MemorySettings,
@@ -187,8 +233,9 @@ def fixes_for(
     base_error: str | None,
     tried: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each knob's most generous value that makes ``phase`` fit (or its best try), the new peaks, the cost, and
-    verl's verdict on the changed config (``base_error``, the config's own, for a change of settings only).
+    """Each knob's smallest change that makes ``phase`` fit and that verl accepts (else the first that fits, else
+    its best try), the new peaks, the cost, its kind and verl's verdict on the changed config (``base_error``, the
+    config's own, for a change of settings only).
 
     A value the config already has is never offered: each fix changes something, and says what from and to
     (``set``: the overrides to pass, ``from``: the same keys as they are now, ``changes``: key, from, to; ``~key``
@@ -197,26 +244,24 @@ def fixes_for(
     tried = {} if tried is None else tried
     out = []
     base = None
-    for knob, tries, cost in candidates(cfg, s, phase):
+    for knob, tries, cost, tier in candidates(cfg, s, phase):
         best = None
         for change in tries:
             changes = _changes(cfg, s, knob, change)
             if not changes:
                 continue  # the config has this value already: no fix
-            key = repr(sorted(change.items()))
-            if key not in tried:
-                new_cfg, new_s = _apply(cfg, s, change)
-                tried[key] = (new_cfg, new_s, evaluate(new_cfg, new_s))
-            new_cfg, new_s, phases = tried[key]
+            new_cfg, new_s, phases = _priced(cfg, s, change, evaluate, tried)
             if phase not in phases:
                 continue
             fits = not _short(new_s, phases[phase])
-            best = (changes, phases, fits, new_s, new_cfg)
-            if fits:
+            if best is not None and best[2] and not fits:
+                continue  # a fitting value verl refuses stays the answer unless a later one fits too
+            best = (changes, phases, fits, new_s, new_cfg, change)
+            if fits and _accepted(cfg, base_error, new_cfg):
                 break
         if best is None:
             continue
-        changes, phases, fits, new_s, new_cfg = best
+        changes, phases, fits, new_s, new_cfg, change = best
         if not fits:
             base = base if base is not None else evaluate(cfg, s)[phase].peak_bytes
             if phases[phase].peak_bytes >= base:
@@ -232,10 +277,12 @@ def fixes_for(
                 "fits": fits,
                 "step_fits": not any(_short(new_s, p) for p in phases.values()),
                 "cost": cost,
+                "kind": KINDS[tier],
                 "verl_error": base_error if new_cfg is cfg else verl_error(new_cfg),
+                "change": change,
             }
         )
-    out.sort(key=lambda f: (not f["fits"], not f["step_fits"], f["new_peak_bytes"]))
+    out.sort(key=lambda f: (not f["fits"], not f["step_fits"], KINDS.index(f["kind"]), f["new_peak_bytes"]))
     return out
 
 
@@ -271,10 +318,17 @@ def memory_report(
         phases = evaluate(cfg, s)
     not_priced = unpriced(cfg, reads, (PATH_KEY,))
     full = step_phases(cfg, s) if lengths is not None else phases
-    base_error = verl_error(cfg)
+    rejection = verl_rejection(cfg)
+    base_error = rejection[0] if rejection else None
     tried: dict[str, Any] = {}
     failing = [name for name, p in phases.items() if _short(s, p)]
     fixes = [f for name in failing for f in fixes_for(cfg, s, name, evaluate, base_error, tried)]
+    price = partial(_priced, cfg, s, evaluate=evaluate, tried=tried)
+    accepted = partial(_accepted, cfg, base_error)
+    together = combined_fix(cfg, s, phases, fixes, price, _short, accepted)
+    if together is not None:
+        together["verl_error"] = verl_error(together.pop("config"))
+    stuck = failing and together is None and not any(f["step_fits"] for f in fixes)
     prompt = lengths.prompt if isinstance(lengths, Uniform) else s.prompt_length
     breaks = {n: break_even(cfg, s, n, prompt) for n, p in full.items() if _fails(s, p) and n != "generate"}
     if isinstance(lengths, Uniform):
@@ -290,7 +344,8 @@ def memory_report(
             f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
         )
     return MemoryReport(
-        s, phases, first_oom(s, phases), fixes, how, base_error, short,
+        s, phases, first_oom(s, phases), fixes, how, base_error, lengths_short=short,
         full_width=full if lengths is not None else None, break_even=breaks, prompt_tokens=prompt,
-        not_priced=not_priced,
+        not_priced=not_priced, verl_message=rejection[1] if rejection else None, combined_fix=together,
+        way_out=way_out(cfg, s, price, _short, accepted) if stuck else None,
     )  # fmt: skip

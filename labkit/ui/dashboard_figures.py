@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from labkit.memory.command import break_even_line, not_priced_lines, way_out_lines
 from labkit.trace import StepTrace
 from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, hline_spec, plain_figure, specs
 from labkit.ui.html_table import html_table
@@ -99,7 +100,10 @@ def memory_html(rep: Any, note: str | None = None) -> str:
     """The OOM verdict (the first phase over the GPU, by how much) and the fixes, each with its new peak."""
     s = rep.settings
     esc = html.escape
-    head = f"{esc(s.model.name)} on {s.world_size:,} GPUs of {s.gpu_bytes / GiB:,.1f} GiB as reported ({s.profile} profile). "
+    head = (
+        f"{esc(s.model.name)} on {s.world_size:,} GPUs of {s.gpu_bytes / GiB:,.1f} GiB {esc(s.capacity_basis)} "
+        f"({s.profile} profile). "
+    )
     tight = {n: rep.state(n)[1] for n in rep.phases if rep.state(n)[0] == "tight"} if rep.first_oom is None else {}
     if rep.first_oom is None and not tight:
         out = [f"<div>{head}<b style='color:#2a7'>Every phase fits</b> (margin {s.margin_bytes / GiB:,.1f} GiB).</div>"]
@@ -118,6 +122,16 @@ def memory_html(rep: Any, note: str | None = None) -> str:
             f"<div class='labkit-oom'>{head}<b style='color:#c33'>OOM: {esc(rep.first_oom)}</b> is the first "
             f"phase that does not fit: {why} (largest term: {esc(big)}).</div>"
         ]
+    if rep.verl_error is not None:  # verl's verdict first: the memory is what the config needs once fixed
+        out.insert(
+            0,
+            f"<div class='labkit-oom'><b style='color:#c33'>verl rejects this config ({esc(rep.verl_error)})</b>: "
+            f"{esc(rep.verl_message or '')}. The memory below is what it would need once fixed.</div>",
+        )
+    if rep.break_even:
+        out.append(f"<div>{esc(break_even_line(rep))}</div>")
+    if rep.not_priced:
+        out.append("<div>" + "<br>".join(esc(line) for line in not_priced_lines(rep.not_priced)) + "</div>")
     if rep.fixes:
         rows = [
             {
@@ -133,6 +147,9 @@ def memory_html(rep: Any, note: str | None = None) -> str:
         ]
         if rows:
             out.append(html_table(rows, caption="Fixes (memory only; the verdict above says whether verl accepts)"))
+    together = way_out_lines(rep)
+    if together:
+        out.append("<div class='labkit-way-out'>" + "<br>".join(esc(line) for line in together) + "</div>")
     out.append(f"<div><i>Memory computed for {esc(rep.lengths)}.</i></div>")
     if note:
         out.append(f"<div><i>{esc(note)}</i></div>")

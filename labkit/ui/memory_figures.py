@@ -4,6 +4,7 @@ number boxes, toggles, a utilisation slider and model/GPU dropdowns that re-answ
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -133,7 +134,11 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
         except ConfigError as exc:
             outputs.show(out, outputs.html_output(verdict_html(exc), "verl's verdict"))
             return
-        outputs.show(out, outputs.figure_output(phase_stack(rep)), outputs.text_output(render_text(rep)))
+        shown = [outputs.figure_output(phase_stack(rep)), outputs.text_output(render_text(rep))]
+        if rep.verl_error is not None:  # verl's verdict first; the bars are what the config needs once fixed
+            head = f"verl rejects this config ({rep.verl_error}): {rep.verl_message}"
+            shown.insert(0, outputs.html_output(f"<b style='color:#c33'>{html.escape(head)}</b>", "verl's verdict"))
+        outputs.show(out, *shown)
 
     for w in [*boxes.values(), *toggles.values(), pick_model, pick_gpu]:
         w.observe(redraw, names="value")
