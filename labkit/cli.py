@@ -37,6 +37,8 @@ from labkit.config.verl_config import ConfigError, load_config, load_config_text
 from labkit.config.yaml_input import YamlInputError
 from labkit.config.yaml_input import read_config_text as read_config_file
 from labkit.diagnose import command as diagnose_command
+from labkit.diagnose.log_lengths import PREFIX as LOG_LENGTHS
+from labkit.diagnose.log_lengths import lengths_from_log
 from labkit.memory import command as memory_command
 from labkit.plan import tables
 from labkit.trace import StepTrace
@@ -80,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--lengths",
             default=None,
-            help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width) or L1,L2,..."
+            help="a length profile (seed-8, gsm8k-like, long-reasoning, full-width), L1,L2,..., prompt=P,response=R "
+            "(every sample that long) or log:PATH (the means of a verl log's last step)"
             + (
                 "; check: also warns of hangs these lengths trigger (a profile: with their probability)"
                 if name == "check"
@@ -149,6 +152,8 @@ def _read_options(ns: argparse.Namespace) -> None:
     for name in ("gpu", "gpu_memory", "model", "lengths", "seed", "margin", "head", "trace", "dispatch", "config"):
         if isinstance(getattr(ns, name, None), list):
             raise ConfigError(f"--{name.replace('_', '-')} needs a value")
+    if isinstance(getattr(ns, "lengths", None), str) and ns.lengths.startswith(LOG_LENGTHS):
+        ns.lengths = lengths_from_log(ns.lengths)  # the lengths a run met, from its log's metrics
     if getattr(ns, "lengths", None) is not None:
         ns.lengths = parse_lengths(ns.lengths)
     if hasattr(ns, "profile"):

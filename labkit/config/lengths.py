@@ -48,6 +48,8 @@ class Uniform:
 
     prompt: int
     response: int
+    source: str = "given"
+    """Where they come from (``given``; a log's step, ``labkit.diagnose.log_lengths``)."""
 
     @property
     def tokens(self) -> int:

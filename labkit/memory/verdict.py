@@ -332,7 +332,8 @@ def memory_report(
     prompt = lengths.prompt if isinstance(lengths, Uniform) else s.prompt_length
     breaks = {n: break_even(cfg, s, n, prompt) for n, p in full.items() if _fails(s, p) and n != "generate"}
     if isinstance(lengths, Uniform):
-        how = f"{lengths.describe()} (given), packed rows; the guarantee is priced at full width too"
+        packed = ", packed rows" if s.remove_padding else ""
+        how = f"{lengths.describe()} ({lengths.source}){packed}; the guarantee is priced at full width too"
         short = f"expected lengths: {lengths.prompt:,} + {lengths.response:,} tokens a sample"
     elif lengths is None:
         how = "every row at full width (prompt_length + response_length): no lengths given (--lengths)"
@@ -342,6 +343,11 @@ def memory_report(
         how = f"lengths {name}: the largest micro-batch on any GPU (worst case), the median one (typical case)"
         short = (
             f"{label or (lengths if isinstance(lengths, str) else 'given')} lengths: the largest micro-batch on any GPU"
+        )
+    if not s.remove_padding:
+        how += (
+            "; use_remove_padding=false: every row of the training passes is padded to full width whatever the data "
+            "(their lengths do not move them)"
         )
     return MemoryReport(
         s, phases, first_oom(s, phases), fixes, how, base_error, lengths_short=short,
