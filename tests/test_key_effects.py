@@ -14,7 +14,7 @@ from _memory_reads import memory_reads
 
 from labkit.cli import main
 from labkit.config.key_effects import EFFECTS, REGISTRY, effect_of, unpriced
-from labkit.config.verl_config import load_config
+from labkit.config.verl_config import ConfigError, load_config
 from labkit.memory.model_source import PATH_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,3 +132,23 @@ def test_a_fork_key_is_named_never_refused_and_check_still_refuses_it(capsys):
     assert main(["memory", "data.max_start_length=2048", *config]) == 0
     assert "not a verl key: data.max_start_length=2048" in capsys.readouterr().out
     assert main(["check", "data.max_start_length=2048"]) == 2
+
+
+def test_a_launch_value_known_only_at_run_time_is_read_on_when_it_decides_only_a_name():
+    """A script's value from the caller's environment that decides a run name (a key labkit does not model, no memory
+    effect in the registry) is read on and named as not read, with the variable to --set; one that decides a batch
+    size still stops the answer."""
+    from labkit.config.text_input import read_config_text
+
+    script = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-3B "
+        "trainer.experiment_name=$RUN_NAME trainer.project_name=${PROJECT}-grpo data.train_batch_size=64"
+    )
+    read = read_config_text(script)
+    named = {arg.split("=")[0]: why for arg, why in read.not_read}
+    assert set(named) == {"trainer.experiment_name", "trainer.project_name"}
+    assert all("is never set by the script" in why and "pass --set" in why for why in named.values())
+    assert all(effect_of(key).effect == "none" for key in named)
+    assert not any(o.startswith(("trainer.experiment_name", "trainer.project_name")) for o in read.overrides)
+    with pytest.raises(ConfigError, match=r"\$BATCH .*it decides 'data.train_batch_size=…', a key labkit models"):
+        read_config_text(script.replace("data.train_batch_size=64", "data.train_batch_size=$BATCH"))
