@@ -109,9 +109,10 @@ def test_invalid_config_replaces_every_figure_and_back():
         d.set(profile=profile, loop=loop, text=_plus(CONFIG, "trainer.n_gpus_per_node=6"))
         assert d.state.code == code == check(d.state.cfg).first_error.code
         assert _figure_outputs(d) == 0 and "verl rejects" in d.pipeline.value and "verl rejects" in d.memory.value
+        assert d.metric.layout.display == "none"  # the per-rank bars' picker goes with its figure
         assert f"data-verl-code='{code}'" in d.verdict.value and d.state.report.first_error.message in d.verdict.value
         d.set(text=CONFIG)
-        assert d.state.code == "ok" and _figure_outputs(d) == 2
+        assert d.state.code == "ok" and _figure_outputs(d) == 2 and d.metric.layout.display is None
     # verl accepts the config and stops in step 1: the card is the stage's, the figures go too
     d.set(
         profile="engine",
@@ -308,3 +309,19 @@ def test_a_release_and_shell_values_are_inputs_of_the_dashboard():
     assert BatchGeometry.from_config(st.cfg).loop == "v0"  # 0.8.0 has no v1 loop, whatever the loop control says
     bad = S.quick(S.Inputs(text, sets=("DEVICE=gpu",), verl="0.0.9"))
     assert bad.code == "input" and "labkit models verl" in str(bad.error)
+
+
+def test_the_memory_inputs_set_lora_and_the_cpu_optimizer():
+    """The dashboard's LoRA rank prices adapters (the actor's update loses its full-size optimizer) and its CPU
+    optimizer share prices megatron-core's hybrid optimizer on a Megatron config; 0 leaves the text's own."""
+    d = Dashboard(CONFIG, background=False)
+    full = d.state.memory
+    d.set(lora=32)
+    assert d.state.memory.settings.lora.rank == 32
+    assert d.state.memory.phases["update_actor"].peak_bytes < full.phases["update_actor"].peak_bytes
+    d.set(lora=0)
+    assert d.state.memory.settings.lora is None
+    megatron = Dashboard(_plus(CONFIG, "model_engine=megatron"), background=False)
+    before = megatron.state.memory.phases["update_actor"].peak_bytes
+    megatron.set(cpu_optimizer=1.0)
+    assert megatron.state.memory.phases["update_actor"].peak_bytes < before

@@ -112,6 +112,7 @@ DYNAMIC = "use_dynamic_bsz (token budget)"
 # widths and budgets matter once the budget is used; the free overrides box gets one that adds a stage
 PLAN_JUMPS = {"prompt length": 20000, "response length": 20000, "token budget / GPU": 256}
 PLAN_JUMPS["more overrides"] = "critic.enable=true"
+PLAN_JUMPS["expected lengths"] = "prompt=512,response=2048"  # the memory panel's
 PLAN_NEEDS = {key: {DYNAMIC: True} for key in ("prompt length", "response length", "token budget / GPU")}
 PANELS = {  # factory, values to move to, the setting a control needs to matter (dynamic bsz for a budget)
     "plan_panel": (_plan_panel, PLAN_JUMPS, PLAN_NEEDS),
@@ -511,3 +512,42 @@ def test_a_card_carries_the_fix_verl_checks_offer(factory, bad, code):
         cfg = load_config(overrides=over)
     fixes = check(cfg).first_error.fixes
     assert fixes and "<b>fix</b>" in card and all(f in card for f in fixes)
+
+
+def test_the_memory_panel_sets_every_knob_its_fixes_name_and_the_lengths():
+    """07's panel on a config that OOMs: every key a fix of its own answer changes is a control of the panel (a
+    box, a switch or the slider); the expected lengths move the verdict to "fits unless"; a LoRA rank and the
+    compiled entropy each move what the text answer prices; the capacity line is named in the legend, not written
+    over the bars."""
+    from labkit.ui import memory_figures as mf
+
+    user = [
+        "data.train_batch_size=256", f"{ARR}.rollout.n=8", f"{ARR}.actor.ppo_mini_batch_size=64",
+        f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "data.max_prompt_length=1024", "data.max_response_length=8192", "algorithm.adv_estimator=grpo",
+        f"{ARR}.actor.fsdp_config.use_torch_compile=false",
+    ]  # fmt: skip
+    rep = mf.report_for(user, "Qwen2.5-7B", "H100-80GB")
+    settable = (
+        {k for k, _ in mf.SIZES} | {mf.UTILISATION[0]} | {k for keys, _, _ in mf.toggles_of("engine") for k in keys}
+    )
+    missing = {c["key"] for f in rep.fixes for c in f["changes"]} - settable
+    assert rep.first_oom and not missing, missing
+    panel = mf.memory_panel(user, "Qwen2.5-7B", "H100-80GB")
+
+    def text() -> str:
+        out = _walk(panel, (W.Output,))[-1]
+        return next(o["text"] for o in out.outputs if o.get("output_type") == "stream")
+
+    assert "OOMs at full width" in text()
+    control(panel, "expected lengths").value = "prompt=512,response=1000"
+    assert "verdict: fits at these lengths" in text() and "old_log_prob OOMs if responses reach" in text()
+    control(panel, "expected lengths").value = ""
+    before = text()
+    control(panel, "compiled entropy").value = True
+    assert "entropy: torch.compile'd" in text() and text() != before
+    control(panel, "LoRA rank (0: off)").value = 32
+    assert "LoRA: rank 32 adapters" in text()
+    figure = next(o for o in _walk(panel, (W.Output,))[-1].outputs if "application/vnd.plotly.v1+json" in o["data"])
+    spec = figure["data"]["application/vnd.plotly.v1+json"]
+    assert not spec["layout"].get("annotations") and any("GPU capacity" in t.get("name", "") for t in spec["data"])

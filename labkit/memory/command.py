@@ -306,6 +306,14 @@ def _model_lines(rep: MemoryReport) -> list[str]:
     """What the answer assumed of the model and the rollout engine: MoE's total and active parameters, the image
     tokens of a vision-language model, the attention kinds priced as full attention, the engine's memory split."""
     m, out = rep.settings.model, []
+    lora = rep.settings.lora
+    if lora is not None:
+        slots = f"vLLM's LoRA slots of rank {lora.rollout_rank}" if lora.rollout_rank else "merged into vLLM's weights"
+        out.append(
+            f"LoRA: rank {lora.rank} adapters on {lora.adapters_per_layer} linears a layer ({lora.params / 1e6:,.1f}M "
+            "params, with their grads and Adam states in fp32); the base frozen, no full-size grads or Adam states; "
+            f"the reference is the actor with adapters off; rollout: {slots}"
+        )
     if m.is_moe:
         out.append(
             f"params: {m.param_count() / 1e9:,.2f}B total (all experts sit in each FSDP or EP shard's memory), "

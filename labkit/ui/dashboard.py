@@ -81,6 +81,21 @@ class _Worker:
             return self._cv.wait_for(lambda: self._thread is None, timeout)
 
 
+OPTIMIZER = "actor_rollout_ref.actor.optim.override_optimizer_config"
+
+
+def memory_knobs(lora_rank: int, cpu_optimizer_share: float) -> tuple[str, ...]:
+    """The overrides of the dashboard's memory inputs, applied after the text: a LoRA rank (0: the text's own), the
+    share megatron-core's CPU optimizer holds (0: the text's own; read by the Megatron engine only)."""
+    out = (f"actor_rollout_ref.model.lora_rank={lora_rank}",) if lora_rank > 0 else ()
+    if cpu_optimizer_share > 0:
+        out += (
+            f"+{OPTIMIZER}.optimizer_cpu_offload=true",
+            f"+{OPTIMIZER}.optimizer_offload_fraction={cpu_optimizer_share}",
+        )
+    return out
+
+
 class Dashboard:
     """The widgets over ``dashboard_state``: ``update()`` re-reads every control; ``view`` / ``state`` are what is
     shown now. ``background=False`` computes the whole state inside ``update`` (headless runs, tests)."""
@@ -92,6 +107,7 @@ class Dashboard:
 
         first = replace(S.Inputs(text), **inputs)
         self.background, self._worker, self._lock, self._gen = background, _Worker(), threading.Lock(), 0
+        self._extra = first.extra  # a caller's overrides, kept before the memory inputs' own
         style, wide = {"description_width": "70px"}, W.Layout(width="300px")
         self.text = W.Textarea(value=text, layout=W.Layout(width="100%", height="300px"), continuous_update=True)
         self.profile = W.ToggleButtons(
@@ -124,6 +140,14 @@ class Dashboard:
             style=style,
             layout=W.Layout(width="300px", height="60px"),
         )
+        self.lora = W.BoundedIntText(
+            value=0, min=0, max=1024, description="LoRA rank", tooltip="actor_rollout_ref.model.lora_rank (0: off)",
+            style=style, layout=wide,
+        )  # fmt: skip
+        self.cpu_optimizer = W.BoundedFloatText(
+            value=0.0, min=0.0, max=1.0, step=0.25, description="CPU optim.", style=style, layout=wide,
+            tooltip="Megatron: the share of the optimizer megatron-core's CPU optimizer holds (optimizer_offload_fraction)",
+        )  # fmt: skip
         self.metric = W.Dropdown(
             options=[(v, k) for k, v in METRICS.items()],
             value="tokens",
@@ -135,6 +159,7 @@ class Dashboard:
         self.status, self.verdict, self.pipeline, self.memory, self.hangs = (W.HTML() for _ in range(5))
         self.ranks, self.memory_plot = W.Output(), W.Output()
         controls = [self.verl, self.profile, self.loop, self.lengths, self.seed, self.model, self.gpu, self.sets]
+        controls += [self.lora, self.cpu_optimizer]
         for c in (*controls, self.text):
             c.observe(self.update, names="value")
         self.metric.observe(self._redraw, names="value")
@@ -176,6 +201,7 @@ class Dashboard:
             int(self.seed.value),
             self.model.value,
             self.gpu.value,
+            extra=(*self._extra, *memory_knobs(int(self.lora.value), float(self.cpu_optimizer.value))),
             verl=self.verl.value,
             sets=tuple(line for line in self.sets.value.splitlines() if line.strip()),
         )
@@ -247,6 +273,7 @@ class Dashboard:
             self.status.value, self.verdict.value, self.pipeline.value = v.status, v.verdict, v.pipeline
             self.memory.value, self.hangs.value = v.memory_text, v.hangs
             self.ranks.outputs = (mime_bundle(v.ranks),) if v.ranks else ()
+            self.metric.layout.display = None if v.ranks else "none"  # no per-rank bars: no bar picker left empty
             self.memory_plot.outputs = (mime_bundle(v.memory),) if v.memory else ()
             auto = st.samples <= AUTO_TOKEN_SAMPLES and self.background
             self.tokens.layout.display = None if v.tokens_deferred and not auto else "none"
@@ -262,7 +289,7 @@ class Dashboard:
 
     def set(self, **values: Any) -> Dashboard:
         """Set controls by name (``text=``, ``profile=``, ``loop=``, ``lengths=``, ``model=``, ``gpu=``, ``seed=``,
-        ``metric=``), each firing its observer as a user's edit does; returns self."""
+        ``lora=``, ``cpu_optimizer=``, ``metric=``), each firing its observer as a user's edit does; returns self."""
         for name, value in values.items():
             getattr(self, name).value = value
         return self

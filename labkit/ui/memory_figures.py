@@ -10,34 +10,57 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.lengths import parse_lengths
+from labkit.config.messages import InputError
+from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
 from labkit.memory.command import render_text
 from labkit.memory.gpus import gpu_names
+from labkit.memory.settings import MemorySettings, compile_key
 from labkit.memory.shapes import model_names
+from labkit.memory.step_memory import phase_of
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace
 from labkit.ui.figure_style import hline_spec, plain_figure
 from labkit.ui.term_colours import term_bars
 
 GiB = 2**30
+A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 SIZES = [  # (override key, label): number boxes, any value
-    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU"),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "update micro/GPU"),
+    (f"{R}.log_prob_micro_batch_size_per_gpu", "log-prob micro/GPU"),
+    (f"{A}.ppo_micro_batch_size_per_gpu", "update micro/GPU"),
+    (f"{R}.log_prob_max_token_len_per_gpu", "log-prob tokens/GPU"),
+    (f"{A}.ppo_max_token_len_per_gpu", "update tokens/GPU"),
     ("data.max_prompt_length", "prompt length"),
     ("data.max_response_length", "response length"),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "Ulysses SP"),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout TP"),
+    (f"{A}.ulysses_sequence_parallel_size", "Ulysses SP"),
+    (f"{R}.tensor_model_parallel_size", "rollout TP"),
     ("trainer.n_gpus_per_node", "GPUs per node"),
     ("trainer.nnodes", "nodes"),
+    ("actor_rollout_ref.model.lora_rank", "LoRA rank (0: off)"),
 ]
-UTILISATION = ("actor_rollout_ref.rollout.gpu_memory_utilization", "gpu_memory_utilization")
-TOGGLES = [
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
-    "actor_rollout_ref.actor.fsdp_config.param_offload",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-    "actor_rollout_ref.model.enable_gradient_checkpointing",
-]
+UTILISATION = (f"{R}.gpu_memory_utilization", "gpu_memory_utilization")
+DYNAMIC = (f"{A}.use_dynamic_bsz", f"{R}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz")
+
+
+def toggles_of(profile: str) -> list[tuple[tuple[str, ...], str, str | None]]:
+    """The panel's switches, every knob a fix of the memory answer names: (the keys one sets, its label, the
+    ``MemorySettings`` field that reads it with verl's default, or None: the config's first key)."""
+    return [
+        (("actor_rollout_ref.model.use_fused_kernels",), "fused kernels", "fused_kernels"),
+        ((compile_key(profile),), "compiled entropy", "entropy_compiled"),
+        ((f"{A}.entropy_from_logits_with_chunking",), "chunked entropy", "entropy_chunking"),
+        (DYNAMIC, "dynamic batch size (every pass)", None),
+        (
+            ("actor_rollout_ref.model.enable_gradient_checkpointing",),
+            "gradient checkpointing",
+            "gradient_checkpointing",
+        ),
+        ((f"{A}.fsdp_config.param_offload",), "actor param offload", "param_offload"),
+        ((f"{A}.fsdp_config.optimizer_offload",), "actor optimizer offload", "optimizer_offload"),
+        ((f"{REF}.fsdp_config.param_offload",), "ref param offload", "ref_param_offload"),
+        ((f"{R}.free_cache_engine",), "free_cache_engine", "free_cache_engine"),
+    ]
 
 
 def phase_columns(rep: MemoryReport) -> dict[str, dict[str, int]]:
@@ -53,10 +76,16 @@ def phase_title(rep: MemoryReport) -> str:
 
 def phase_stack(rep: MemoryReport) -> go.Figure:
     """One stacked bar per phase: the terms live at its peak (one colour per term, ``labkit.ui.term_colours``; the
-    largest named on the bar), with the GPU's capacity as a line."""
-    cap = rep.settings.gpu_bytes / GiB
+    largest named on the bar), with the GPU's capacity as a dashed line named in the legend (a label on the line
+    would sit over the bars)."""
+    s = rep.settings
+    cap = s.gpu_bytes / GiB
+    line = hline_spec(cap, "")
+    name = f"GPU capacity {cap:,.1f} GiB ({s.capacity_basis})"
+    key = {"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": name}
+    key["line"] = {"dash": "dash", "color": "#444"}
     return plain_figure(
-        term_bars(phase_columns(rep)),
+        [*term_bars(phase_columns(rep)), key],
         phase_title(rep),
         "phase",
         "GiB per GPU",
@@ -64,15 +93,26 @@ def phase_stack(rep: MemoryReport) -> go.Figure:
         barmode="stack",
         margin={"t": 80},
         legend={"title": {"text": "term"}},
-        **hline_spec(cap, f"GPU capacity {cap:.0f} GiB"),
+        shapes=line["shapes"],
     )
 
 
-def rank_stack(trace: StepTrace, stages: Sequence[str]) -> go.Figure:
-    """``bytes_predicted`` of every rank, one group of bars per stage (and ``bytes_measured`` where present)."""
+def rank_stack(trace: StepTrace, stages: Sequence[str], settings: MemorySettings | None = None) -> go.Figure:
+    """``bytes_predicted`` of every rank, one group of bars per stage (and ``bytes_measured`` where present). The
+    rollout (``generate``) has no rank records in a plan: with ``settings`` its engine phase is drawn on every rank
+    (the same share on each); a stage asked for that has neither is a ValueError, never a silent gap."""
     fig = go.Figure()
+    ranks = sorted({r.rank for r in trace.ranks})
     for stage in stages:
         recs = trace.at(stage)
+        if not recs:
+            if stage != "generate" or settings is None or not ranks:
+                raise ValueError(f"stage {stage!r} has no rank records in this trace" + (
+                    " (pass the settings to draw the rollout engine's share on every rank)" if stage == "generate" else ""
+                ))  # fmt: skip
+            engine = phase_of(settings, "generate", None).peak_bytes / GiB
+            fig.add_bar(name="generate predicted (every rank)", x=ranks, y=[engine] * len(ranks))
+            continue
         fig.add_bar(
             name=f"{stage} predicted", x=[r.rank for r in recs], y=[(r.bytes_predicted or 0) / GiB for r in recs]
         )
@@ -80,7 +120,9 @@ def rank_stack(trace: StepTrace, stages: Sequence[str]) -> go.Figure:
             fig.add_bar(
                 name=f"{stage} measured", x=[r.rank for r in recs], y=[(r.bytes_measured or 0) / GiB for r in recs]
             )
-    fig.update_layout(barmode="group", title="Predicted peak per rank and stage", xaxis_title="rank", yaxis_title="GiB")
+    fig.update_layout(
+        barmode="group", title="Predicted peak per rank and stage", xaxis_title="rank", yaxis_title="GiB per GPU"
+    )
     return fig
 
 
@@ -96,15 +138,19 @@ def measured_bars(checks: Mapping[str, Any]) -> go.Figure:
     return fig
 
 
-def report_for(overrides: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> MemoryReport:
-    """The memory report of a config (overrides), a model and a GPU preset."""
+def report_for(
+    overrides: Sequence[str], model: str, gpu_name: str, profile: str = "engine", lengths: str = ""
+) -> MemoryReport:
+    """The memory report of a config (overrides), a model and a GPU preset, at ``lengths`` (``--lengths``'s forms:
+    a profile, L1,L2,... or prompt=P,response=R; empty: every row at full width)."""
     cfg = load_config(None, list(overrides), profile=profile)
-    return memory_report(cfg, settings_for(cfg, model, gpu_name))
+    return memory_report(cfg, settings_for(cfg, model, gpu_name), parse_lengths(lengths) if lengths.strip() else None)
 
 
 def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = "engine") -> Any:
-    """Number boxes, toggles and model/GPU presets; every change re-plots the phases and the verdict (arithmetic
-    only); a config labkit cannot read shows its card instead of the figure. Returns the displayed box."""
+    """Number boxes, switches for every knob the fixes name, the lengths and model/GPU presets; every change
+    re-plots the phases and the verdict (arithmetic only); verl's verdict comes first when it rejects the setting,
+    and a setting labkit cannot read shows its card instead of the figure. Returns the displayed box."""
     import ipywidgets as W
     from IPython.display import display
 
@@ -113,12 +159,22 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
     from labkit.ui.verdict import verdict_html
 
     cfg = load_config(None, list(base), profile=profile)
-    boxes = {key: parts.int_box(label, cfg.get(key) or 1, key) for key, label in SIZES}
+    boxes = {key: parts.int_box(label, cfg.get(key) if cfg.get(key) is not None else 0, key) for key, label in SIZES}
     key, label = UTILISATION
     boxes[key] = W.FloatSlider(
         value=cfg.get(key), min=0.05, max=0.95, step=0.05, description=label, continuous_update=False, style=parts.STYLE
     )
-    toggles = {k: W.Checkbox(value=bool(cfg.get(k)), description=k.rsplit(".", 1)[-1]) for k in TOGGLES}
+    wide, now = W.Layout(width="auto"), settings_for(cfg, model, gpu_name)
+    toggles = {
+        keys: W.Checkbox(
+            value=bool(getattr(now, field) if field else cfg.get(keys[0])), description=text, indent=False, layout=wide
+        )
+        for keys, text, field in toggles_of(profile)
+    }
+    lengths = W.Text(
+        value="", description="expected lengths", placeholder="full width; prompt=512,response=2048; a profile", style=parts.STYLE,
+        continuous_update=False, layout=W.Layout(width="520px"),
+    )  # fmt: skip
     pick_model = W.Dropdown(options=model_names(), value=model, description="model")
     pick_gpu = W.Dropdown(options=gpu_names(), value=gpu_name, description="GPU")
     out = W.Output()
@@ -127,11 +183,11 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
         over = [
             *base,
             *(f"{k}={w.value}" for k, w in boxes.items()),
-            *(f"{k}={str(w.value).lower()}" for k, w in toggles.items()),
+            *(f"{k}={str(w.value).lower()}" for keys, w in toggles.items() for k in keys),
         ]
         try:
-            rep = report_for(over, pick_model.value, pick_gpu.value, profile)
-        except ConfigError as exc:
+            rep = report_for(over, pick_model.value, pick_gpu.value, profile, lengths.value)
+        except InputError as exc:  # a value verl's schema or labkit refuses, lengths it cannot read
             outputs.show(out, outputs.html_output(verdict_html(exc), "verl's verdict"))
             return
         shown = [outputs.figure_output(phase_stack(rep)), outputs.text_output(render_text(rep))]
@@ -140,16 +196,17 @@ def memory_panel(base: Sequence[str], model: str, gpu_name: str, profile: str = 
             shown.insert(0, outputs.html_output(f"<b style='color:#c33'>{html.escape(head)}</b>", "verl's verdict"))
         outputs.show(out, *shown)
 
-    for w in [*boxes.values(), *toggles.values(), pick_model, pick_gpu]:
+    for w in [*boxes.values(), *toggles.values(), lengths, pick_model, pick_gpu]:
         w.observe(redraw, names="value")
     redraw()
     sizes = list(boxes.values())
-    half = (len(sizes) + 1) // 2
+    third = (len(sizes) + 2) // 3
     box = W.VBox(
         [
             W.HBox([pick_model, pick_gpu]),
-            W.HBox([parts.column(sizes[:half]), parts.column(sizes[half:])]),
-            W.HBox(list(toggles.values())),
+            W.HBox([parts.column(sizes[i : i + third]) for i in range(0, len(sizes), third)]),
+            W.HBox(list(toggles.values()), layout=W.Layout(flex_flow="row wrap")),
+            lengths,
             out,
         ]
     )
