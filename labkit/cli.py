@@ -44,7 +44,10 @@ from labkit.plan import tables
 from labkit.trace import StepTrace
 
 SET_HELP = "a shell variable's value for the script (the environment, or what $(...) printed); repeatable"
-VERL_HELP = "the verl release you run (0.5, 0.6, 0.7, 0.8, 0.9.0, 0.9.1): picks the profile and loop it runs"
+VERL_HELP = (
+    "the verl release you run (0.1, 0.2, 0.3, 0.4 as forks vendor them; 0.5, 0.6, 0.7, 0.8, 0.9.0, 0.9.1): picks the "
+    "profile and loop it runs, and the old releases' own defaults and memory behaviour"
+)
 
 
 class _Parser(argparse.ArgumentParser):

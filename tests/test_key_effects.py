@@ -152,3 +152,14 @@ def test_a_launch_value_known_only_at_run_time_is_read_on_when_it_decides_only_a
     assert not any(o.startswith(("trainer.experiment_name", "trainer.project_name")) for o in read.overrides)
     with pytest.raises(ConfigError, match=r"\$BATCH .*it decides 'data.train_batch_size=…', a key labkit models"):
         read_config_text(script.replace("data.train_batch_size=64", "data.train_batch_size=$BATCH"))
+
+
+def test_the_docs_page_lists_every_key_as_the_registry_classifies_it():
+    """docs/memory_keys.md is the registry rendered (priced, ignored by verl, not priced with what it would change,
+    no effect with why): a registry change without the page fails here."""
+    from labkit.memory.key_effects_doc import render
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "memory_keys.md").read_text()
+    assert page == render(), "docs/memory_keys.md is stale: write labkit.memory.key_effects_doc.render() to it"
+    patterns = sum(len(e["keys"]) for e in yaml.safe_load(REGISTRY.read_text()))
+    assert page.count("`") // 2 >= patterns

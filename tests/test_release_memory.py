@@ -95,3 +95,15 @@ def test_a_forks_script_is_answered_with_its_own_keys_named():
     assert code in (0, 1) and doc["phases"]
     fork = {i["key"] for i in doc["not_priced"] if i["effect"] == "not_verl"}
     assert {"data.max_start_length", "data.max_obs_length", "max_turns", "retriever.topk"} <= fork, fork
+
+
+def test_remove_padding_was_off_by_default_until_0_7():
+    """0.5's and 0.6's ppo_trainer.yaml set ``actor_rollout_ref.model.use_remove_padding: false`` (v0.5.0
+    ``verl/trainer/config/ppo_trainer.yaml``; v0.6.1 ``_generated_ppo_trainer.yaml``); 0.7.1 sets it true. A config
+    that leaves it unset is priced padded under 0.6 and packed under 0.7, and the answer says which."""
+    config = ["--model", "Qwen2.5-7B", "actor_rollout_ref.actor.use_dynamic_bsz=true", "--json"]
+    old = json.loads(_run(*config, "--verl", "0.6")[1])
+    new = json.loads(_run(*config, "--verl", "0.7")[1])
+    assert "padded to full width whatever the data" in old["lengths"]
+    assert "padded" not in new["lengths"]
+    assert old["phases"]["old_log_prob"]["peak_bytes"] > new["phases"]["old_log_prob"]["peak_bytes"]

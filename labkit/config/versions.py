@@ -77,13 +77,19 @@ class Release:
     """Where this release's batch path differs from what labkit models, said with every answer."""
     memory: ReleaseMemory = ReleaseMemory()
     """What its workers did that moves GPU memory (0.5 onwards: the defaults)."""
+    defaults: tuple[tuple[str, Any], ...] = ()
+    """YAML defaults of a release from 0.5 that differ from its profile's (0.7.1's or 0.9.1's)."""
 
     def yaml_default(self, key: str) -> Any:
-        """The release's own YAML default of ``key`` (releases before 0.5; KeyError when it has none)."""
-        return old_yaml(self.version)[key]
+        """The release's own YAML default of ``key`` (releases before 0.5, and ``defaults``; KeyError otherwise)."""
+        own = dict(self.defaults)
+        return own[key] if key in own else old_yaml(self.version)[key]
 
     def has_key(self, key: str) -> bool | None:
-        """Whether the release's YAML has ``key`` (None: a release labkit reads from its own key lists)."""
+        """Whether the release's YAML has ``key`` (None: a release labkit reads from its own key lists, and
+        ``key`` is not among its ``defaults``)."""
+        if key in dict(self.defaults):
+            return True
         table = old_yaml(self.version) if self.version in OLD else None
         return None if table is None else key in table
 
@@ -94,6 +100,8 @@ class Release:
 
 
 _LEGACY_ORACLE = "labkit's legacy profile is checked against verl 0.7.1's code"
+_PADDED = (("actor_rollout_ref.model.use_remove_padding", False),)
+"""0.5's and 0.6's ppo_trainer.yaml default ``model.use_remove_padding: false`` (0.7 turned it on)."""
 OLD = ("0.1", "0.2", "0.3", "0.4")
 _OLD_NOTE = "its defaults are its own YAML's (remove padding off); its batch checks are 0.7.1's"
 
@@ -187,8 +195,9 @@ RELEASES: dict[str, Release] = {
             "0.5 dispatches with DP_COMPUTE_PROTO (the all-gather dispatch, selected for you)",
             _LEGACY_ORACLE,
         ),
+        defaults=_PADDED,
     ),
-    "0.6": Release("0.6", "legacy", None, differences=(_LEGACY_ORACLE,)),
+    "0.6": Release("0.6", "legacy", None, differences=(_LEGACY_ORACLE,), defaults=_PADDED),
     "0.7": Release("0.7", "legacy", None),
     "0.8": Release(
         "0.8",
