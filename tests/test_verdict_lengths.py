@@ -90,3 +90,17 @@ def test_padded_rows_are_said_to_be_full_width_whatever_the_data(capsys):
     assert "padded to full width whatever the data" in given["lengths"] and "packed rows" not in given["lengths"]
     assert given["phases"]["old_log_prob"] == full["phases"]["old_log_prob"]
     assert given["break_even"].get("old_log_prob", {}).get("response_tokens") is None
+
+
+def test_the_chart_shows_the_break_even_above_its_phase():
+    """07's and the dashboard's phase chart: the break-even written above the phase it belongs to, the same number
+    the text and --json give; the capacity line named in the legend."""
+    from labkit.ui.dashboard_figures import memory_figure
+    from labkit.ui.memory_figures import report_for
+
+    rep = report_for(GRPO_8K[2:], "Qwen2.5-7B", "H100-80GB", lengths="prompt=512,response=1000")
+    n = rep.break_even["old_log_prob"]
+    spec = memory_figure(rep)
+    notes = [a for a in spec["layout"]["annotations"] if a["x"] == "old_log_prob"]
+    assert [a["text"] for a in notes] == [f"fits up to {n:,} response tokens"]
+    assert any(t.get("name", "").startswith("GPU capacity 79.6 GiB (as reported)") for t in spec["data"])

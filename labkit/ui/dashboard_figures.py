@@ -12,11 +12,10 @@ from typing import Any
 
 from labkit.memory.command import break_even_line, not_priced_lines, way_out_lines
 from labkit.trace import StepTrace
-from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, hline_spec, plain_figure, specs
+from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, plain_figure, specs
 from labkit.ui.html_table import html_table
-from labkit.ui.memory_figures import phase_columns, phase_title
+from labkit.ui.memory_figures import phase_stack_parts, phase_title
 from labkit.ui.plan_tables import stage_table_html
-from labkit.ui.term_colours import term_bars
 
 GiB = 2**30
 METRICS = {  # RankRecord field -> axis title (with its unit)
@@ -88,12 +87,10 @@ def rank_bars(trace: StepTrace, metric: str = "tokens") -> dict:
 
 def memory_figure(rep: Any) -> dict:
     """One stacked bar per phase (the terms live at its peak, GiB per GPU, one colour per term as in every figure of
-    the lab, the largest named on the bar) and the GPU's capacity as a dashed line; the title says which lengths
-    the bars were computed with."""
-    cap = rep.settings.gpu_bytes / GiB
-    layout = {"margin": {"t": 80}, **hline_spec(cap, f"GPU {cap:.0f} GiB")}
-    bars = term_bars(phase_columns(rep))
-    return _spec(bars, phase_title(rep), "phase", "GiB per GPU", height=460, barmode="stack", **layout)
+    the lab, the largest named on the bar), the GPU's capacity and the break-evens, as notebook 07 draws them; the
+    title says which lengths the bars were computed with."""
+    data, layout = phase_stack_parts(rep)
+    return _spec(data, phase_title(rep), "phase", "GiB per GPU", height=460, **layout)
 
 
 def memory_html(rep: Any, note: str | None = None) -> str:

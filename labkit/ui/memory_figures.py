@@ -74,27 +74,43 @@ def phase_title(rep: MemoryReport) -> str:
     return f"Peak memory per phase, one GPU ({rep.settings.model.name})<br><sup>{rep.lengths_short}</sup>"
 
 
-def phase_stack(rep: MemoryReport) -> go.Figure:
-    """One stacked bar per phase: the terms live at its peak (one colour per term, ``labkit.ui.term_colours``; the
-    largest named on the bar), with the GPU's capacity as a dashed line named in the legend (a label on the line
-    would sit over the bars)."""
+def phase_stack_parts(rep: MemoryReport) -> tuple[list[dict], dict]:
+    """The traces and layout of the phase chart (notebook 07's and the dashboard's): the stacked terms, the GPU's
+    capacity as a dashed line named in the legend with its basis (a label on the line would sit over the bars), and
+    above each phase that does not fit at full width its break-even."""
     s = rep.settings
     cap = s.gpu_bytes / GiB
-    line = hline_spec(cap, "")
-    name = f"GPU capacity {cap:,.1f} GiB ({s.capacity_basis})"
-    key = {"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": name}
-    key["line"] = {"dash": "dash", "color": "#444"}
-    return plain_figure(
-        [*term_bars(phase_columns(rep)), key],
-        phase_title(rep),
-        "phase",
-        "GiB per GPU",
-        height=460,
-        barmode="stack",
-        margin={"t": 80},
-        legend={"title": {"text": "term"}},
-        shapes=line["shapes"],
-    )
+    key = {"type": "scatter", "x": [None], "y": [None], "mode": "lines", "line": {"dash": "dash", "color": "#444"}}
+    key["name"] = f"GPU capacity {cap:,.1f} GiB ({s.capacity_basis})"
+    notes = [
+        {
+            "x": name,
+            "y": rep.phases[name].peak_bytes / GiB,
+            "xref": "x",
+            "yref": "y",
+            "yanchor": "bottom",
+            "showarrow": False,
+            "font": {"size": 11},
+            "text": f"fits up to {tokens:,} response tokens",
+        }  # fmt: skip
+        for name, tokens in rep.break_even.items()
+        if tokens and name in rep.phases
+    ]
+    layout = {
+        "barmode": "stack",
+        "margin": {"t": 80},
+        "legend": {"title": {"text": "term"}},
+        "shapes": hline_spec(cap, "")["shapes"],
+        "annotations": notes,
+    }
+    return [*term_bars(phase_columns(rep)), key], layout
+
+
+def phase_stack(rep: MemoryReport) -> go.Figure:
+    """One stacked bar per phase: the terms live at its peak (one colour per term, ``labkit.ui.term_colours``; the
+    largest named on the bar), the capacity line and the break-evens (``phase_stack_parts``)."""
+    data, layout = phase_stack_parts(rep)
+    return plain_figure(data, phase_title(rep), "phase", "GiB per GPU", height=460, **layout)
 
 
 def rank_stack(trace: StepTrace, stages: Sequence[str], settings: MemorySettings | None = None) -> go.Figure:
