@@ -519,14 +519,10 @@ def test_the_memory_panel_sets_every_knob_its_fixes_name_and_the_lengths():
     box, a switch or the slider); the expected lengths move the verdict to "fits unless"; a LoRA rank and the
     compiled entropy each move what the text answer prices; the capacity line is named in the legend, not written
     over the bars."""
+    from _known_configs import GRPO_7B_8K as user
+
     from labkit.ui import memory_figures as mf
 
-    user = [
-        "data.train_batch_size=256", f"{ARR}.rollout.n=8", f"{ARR}.actor.ppo_mini_batch_size=64",
-        f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "data.max_prompt_length=1024", "data.max_response_length=8192", "algorithm.adv_estimator=grpo",
-        f"{ARR}.actor.fsdp_config.use_torch_compile=false",
-    ]  # fmt: skip
     rep = mf.report_for(user, "Qwen2.5-7B", "H100-80GB")
     settable = (
         {k for k, _ in mf.SIZES} | {mf.UTILISATION[0]} | {k for keys, _, _ in mf.toggles_of("engine") for k in keys}

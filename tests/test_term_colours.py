@@ -40,7 +40,9 @@ def rep():
 
 def _colours(fig) -> dict[str, str]:
     data = json.loads(fig.to_json())["data"] if hasattr(fig, "to_json") else fig["data"]
-    return {t["name"]: t["marker"]["color"] for t in data}
+    return {
+        t["name"]: t["marker"]["color"] for t in data if t.get("type") == "bar"
+    }  # the terms (not the capacity line)
 
 
 def _assert_distinct(colours: dict[str, str]) -> None:
@@ -124,7 +126,7 @@ def test_the_largest_blocks_carry_their_terms_name(rep):
     tallest = max(p.peak_bytes for p in rep.phases.values())
     big = max(rep.phases["old_log_prob"].terms.items(), key=lambda kv: kv[1])[0]
     assert big == "entropy"
-    for t in data:
+    for t in (t for t in data if t.get("type") == "bar"):
         for x, text in zip(phases, t["text"]):
             size = rep.phases[x].terms.get(t["name"], 0)
             assert text == (t["name"] if size >= LABEL_SHARE * tallest else ""), (t["name"], x, text)

@@ -9,22 +9,11 @@ import io
 import json
 
 import pytest
+from _known_configs import GRPO_7B_8K
 
 from labkit.cli import main
 
-GRPO_8K = [  # 7B, 8k responses, 16 rows per log-prob micro-batch, eager entropy: old_log_prob OOMs at full width
-    "--model",
-    "Qwen2.5-7B",
-    "data.train_batch_size=256",
-    "actor_rollout_ref.rollout.n=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=8192",
-    "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-]
+GRPO_8K = ["--model", "Qwen2.5-7B", *GRPO_7B_8K]  # old_log_prob OOMs at full width
 
 
 def _memory(*args: str) -> tuple[int, dict]:

@@ -100,6 +100,10 @@ class Release:
 
 
 _LEGACY_ORACLE = "labkit's legacy profile is checked against verl 0.7.1's code"
+_VLLM_063 = (
+    "gpu_memory_utilization is a share of the memory free after the models loaded (vLLM 0.6.3), sized before any Adam "
+    "state exists"
+)
 _PADDED = (("actor_rollout_ref.model.use_remove_padding", False),)
 """0.5's and 0.6's ppo_trainer.yaml default ``model.use_remove_padding: false`` (0.7 turned it on)."""
 OLD = ("0.1", "0.2", "0.3", "0.4")
@@ -131,11 +135,7 @@ RELEASES: dict[str, Release] = {
             vllm_share_of_free=True,
             actor_in_generate=True,
             micro_times_n=True,
-            notes=(
-                "gpu_memory_utilization is a share of the memory free after the models loaded (vLLM 0.6.3), sized "
-                "before any Adam state exists",
-                "the reference is resident in bf16 unless ref.fsdp_config.param_offload",
-            ),
+            notes=(_VLLM_063, "the reference is resident in bf16 unless ref.fsdp_config.param_offload"),
         ),
     ),
     "0.2": Release(
@@ -150,10 +150,7 @@ RELEASES: dict[str, Release] = {
             ref_always=True,
             vllm_share_of_free=True,
             actor_in_generate=True,
-            notes=(
-                "gpu_memory_utilization is a share of the memory free after the models loaded (vLLM 0.6.3), sized "
-                "before any Adam state exists",
-            ),
+            notes=(_VLLM_063,),
         ),
     ),
     "0.3": Release(
