@@ -143,6 +143,8 @@ VAR=1 torchrun --nproc_per_node=8 -m verl.trainer.main_ppo a.b=1 \\
 """,
     "ray": """ray job submit --address=http://x:8265 --runtime-env=r.yaml -- python3 -m verl.trainer.main_ppo k=v "$@" """,
     "uv": """LAUNCH=(uv run --extra vllm python3); "${LAUNCH[@]}" -m recipe.dapo.main_dapo k=v "${@:2}" """,
+    "custom entry": """python3 tools/prep.py --out x.parquet
+python3 examples/split_placement/main_ps.py algorithm.adv_estimator=gae data.train_batch_size=8 "$@" """,
     "heredoc": """cat > f.py << 'EOF'
 python3 -m verl.trainer.main_ppo not=this
 EOF

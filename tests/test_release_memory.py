@@ -107,3 +107,20 @@ def test_remove_padding_was_off_by_default_until_0_7():
     assert "padded to full width whatever the data" in old["lengths"]
     assert "padded" not in new["lengths"]
     assert old["phases"]["old_log_prob"]["peak_bytes"] > new["phases"]["old_log_prob"]["peak_bytes"]
+
+
+def test_a_custom_entry_point_passing_verls_overrides_is_read_as_main_ppo(tmp_path, capsys):
+    """verl's split-placement example launches its own main_ps.py with verl's overrides: memory answers it (the
+    entry point named as read past, its arguments priced as main_ppo's); check keeps its strict refusal."""
+    script = tmp_path / "run_deepseek7b_llm.sh"
+    script.write_text(
+        "python3 main_ps.py algorithm.adv_estimator=gae data.train_batch_size=256 "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B actor_rollout_ref.actor.use_dynamic_bsz=true "
+        "critic.ppo_micro_batch_size_per_gpu=4 \\\n    trainer.n_gpus_per_node=8\n"
+    )
+    code, out = _run(str(script), "--json")
+    doc = json.loads(out)
+    assert code == 0 and "values" in doc["phases"]  # GAE's critic: the overrides were read
+    past = [i for i in doc["not_priced"] if i["effect"] == "read_past"]
+    assert [i["key"] for i in past] == ["the entry point main_ps.py"]
+    assert main(["check", str(script)]) == 2 and "main_ps.py is not modelled" in capsys.readouterr().err

@@ -66,8 +66,9 @@ def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> li
     """Every key ``cfg`` sets (its YAML or overrides, ``+`` keys included) that the memory answer did not read:
     ``{"key", "value", "effect", "text"}`` with ``effect`` ``not_priced`` (what it would change), ``not_read`` (a
     key labkit prices, which this config does not use: a silent behaviour of verl or a role this run lacks),
-    ``no_effect`` (verl reads it and ignores it) or ``not_verl`` (no verl release has it: a fork's key, a recipe's, a
-    typo); keys of no memory effect are left out.
+    ``no_effect`` (verl reads it and ignores it), ``not_verl`` (no verl release has it: a fork's key, a recipe's, a
+    typo) or ``read_past`` (a launch script's entry point or base YAML read as main_ppo's); keys of no memory effect
+    are left out.
     ``extra_priced``: keys read outside the recording (the model path)."""
     out = []
     seen = set(read) | set(extra_priced)
@@ -88,7 +89,10 @@ def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> li
             else:
                 out.append({"key": key, "value": _shown(value), "effect": "not_priced", "text": e.text})
     for item, why in getattr(cfg, "unknown", {}).items():
-        key, _, value = item.partition("=")
+        key, eq, value = item.partition("=")
+        if not eq:  # what a launch script's reading set aside: another entry point, a recipe's base YAML
+            out.append({"key": key, "value": "", "effect": "read_past", "text": why})
+            continue
         out.append({"key": key, "value": _shown(value), "effect": "not_verl", "text": f"{why}; ignored for memory"})
     return out
 

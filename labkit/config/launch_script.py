@@ -21,6 +21,10 @@ ENTRY = re.compile(r"^(verl|recipe)(\.\w+)*\.(main\w*|\w*_main)$")
 _ENTRY_FILE = re.compile(r"(^|/)(verl|recipe)/(\w+/)*(main\w*|\w*_main)\.py$")
 _OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w-]*(\.[\w-]+)*=|~[A-Za-z_][\w.-]*(=|$))")
 _DOTTED = re.compile(r"^\+{0,2}[A-Za-z_][\w-]*\.[\w.-]*=|^[+~]")
+_VERL_OVERRIDE = re.compile(
+    r"^[+~]{0,2}(algorithm|data|actor_rollout_ref|critic|reward_model|reward|trainer)\.[\w.-]+="
+)
+"""A first argument that is one of verl's own overrides: what makes a script of another name a verl entry point."""
 
 
 class LaunchError(ValueError):
@@ -84,7 +88,9 @@ class ScriptRead:
 def find_entry(fields: list[Val]) -> tuple[int, int, str | None] | None:
     """Where verl's entry point sits in a command's fields: (start of the entry point, first argument after it,
     the module or script; None for a bare list of overrides), or None. The entry point is ``-m MODULE`` with a verl
-    or recipe main, a ``.../verl/trainer/main_ppo.py`` path, or (a pasted command line) a first override."""
+    or recipe main, a ``.../verl/trainer/main_ppo.py`` path, another ``.py`` whose first argument is one of verl's
+    overrides (a custom entry point such as verl's split-placement ``main_ps.py``), or (a pasted command line) a
+    first override."""
     for k, f in enumerate(fields):
         if f.unknown:
             continue
@@ -93,6 +99,8 @@ def find_entry(fields: list[Val]) -> tuple[int, int, str | None] | None:
             return k, k + 2, nxt.text
         if k > 0 and _ENTRY_FILE.search(f.text):
             return k, k + 1, f.text
+        if k > 0 and f.text.endswith(".py") and nxt is not None and not nxt.unknown and _VERL_OVERRIDE.match(nxt.text):
+            return k, k + 1, f.text  # a custom entry point passed verl's overrides (verl's split-placement main_ps.py)
     first = fields[0]
     if not first.unknown and _OVERRIDE.match(first.text) and _DOTTED.match(first.text):
         return 0, 0, None

@@ -266,12 +266,18 @@ NOT_PRICED = {
     "not_read": "not read here",
     "no_effect": "no effect in verl",
     "not_verl": "not a verl key",
+    "read_past": "read past",
 }
 
 
 def not_priced_lines(items: list[dict[str, str]]) -> list[str]:
     """One line per key the config sets that the answer did not price: what it is and what it would change."""
-    return [f"{NOT_PRICED[i['effect']]}: {i['key']}={i['value']}: {i['text']}" for i in items]
+    return [
+        f"{NOT_PRICED[i['effect']]}: {i['key']}"
+        + (f"={i['value']}" if i["effect"] != "read_past" else "")
+        + f": {i['text']}"
+        for i in items
+    ]
 
 
 def break_even_line(rep: MemoryReport) -> str:

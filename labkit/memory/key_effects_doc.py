@@ -14,7 +14,8 @@ HEAD = """# Every verl key, by its memory effect
 model reads it) or named in the answer, before the verdict and in `--json`'s `not_priced`, as one of: *not priced*
 (it can move GPU memory; labkit does not model how), *not read here* (a key labkit prices that this run does not use:
 a critic's key without a critic), *no effect in verl* (verl reads it and ignores it) or *not a verl key* (a fork's,
-a recipe's or a typo: ignored for memory, never refused). Keys with no GPU-memory effect are not listed in answers.
+a recipe's or a typo: ignored for memory, never refused); a launch script's own entry point or a recipe's base YAML is
+*read past* (its arguments priced as main_ppo's). Keys with no GPU-memory effect are not listed in answers.
 
 This page is generated from `data/key_effects.yaml` (`labkit.memory.key_effects_doc.render`). A key is decided by the
 first entry whose pattern matches it (`*` crosses dots); a test walks every key of the installed verl releases'
