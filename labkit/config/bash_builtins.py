@@ -9,7 +9,7 @@ import re
 
 from labkit.config.bash_expand import Expander, Refusal, Shell, Val, unknown_val
 from labkit.config.bash_parse import _ASSIGN, Assign, Simple, _drop_lead
-from labkit.config.bash_test import single_bracket
+from labkit.config.bash_test import integer_expected, single_bracket
 
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 _REFUSED = {"source": "source FILE (labkit reads one script)", ".": ". FILE (labkit reads one script)",
@@ -47,13 +47,15 @@ class Builtins:
         if name == "false":
             return 1
         if name in ("[", "test"):
-            return self.decided(single_bracket(args[:-1] if name == "[" and args and args[-1].text == "]" else args))
+            inner = args[:-1] if name == "[" and args and args[-1].text == "]" else args
+            return 2 if integer_expected(inner) else self.decided(single_bracket(inner))
         if name in _DECLARE:
             return self.declare(name, cmd, ex)
         if name == "unset":
             for a in args:
-                if a.unknown:
-                    raise Refusal(line, f"unset of a name labkit does not know ({a.unknown})")
+                if a.unknown:  # any variable set so far may be the one: each reads as unknown until set again
+                    self.doubt_every_variable(f"line {line}: an unset of a name labkit does not know may unset it")
+                    continue
                 if not a.text.startswith("-"):
                     self.sh.scalars.pop(a.text, None)
                     self.sh.arrays.pop(a.text, None)
@@ -133,6 +135,15 @@ class Builtins:
                 return 0
             k += 1
         return 0
+
+    def doubt_every_variable(self, why: str) -> None:
+        """Every variable the script or its caller set so far (scalars, arrays, the environment, the login's) reads
+        as unknown, ``why`` naming the statement, until the script sets it again: what an unset of names labkit
+        cannot know (``for v in $(env | ...); do unset "$v"; done``) may have removed."""
+        names = {*self.sh.scalars, *self.sh.arrays, *self.sh.env, *self.sh.login}
+        for var in names:
+            self.sh.arrays.pop(var, None)
+            self.sh.scalars[var] = unknown_val(f"{why} (${var})")
 
     def declare(self, name: str, cmd: Simple, ex: Expander) -> int:
         for tok in cmd.words[1:]:

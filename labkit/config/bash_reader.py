@@ -49,6 +49,14 @@ class _Launched(Exception):
         self.launch = launch
 
 
+ENV_NAMES = re.compile(
+    r"""^\s*env\s*\|\s*awk\s+-F\s*['"]?=['"]?\s+'/(?P<pattern>[^/']+)/\s*\{\s*print\s+\$1;?\s*\}'\s*$"""
+)
+"""The idiom verl's TensorRT-LLM scripts clean the environment with: the names of the variables a pattern matches."""
+BASH_EXPORTS = ("SHLVL", "_", "PWD", "OLDPWD")
+"""What bash itself exports into ``env``'s output."""
+
+
 class Reader(Builtins):
     """Evaluates statements over ``shell``; ``is_launch(fields)`` tells which command launches verl."""
 
@@ -65,6 +73,9 @@ class Reader(Builtins):
         external command's output is unknown); None when labkit cannot know it."""
         if self.depth > 8:
             return None
+        names = ENV_NAMES.match(text)
+        if names:
+            return self.environment_names(names.group("pattern"))
         try:
             stmts = parse(text)
         except (BashSyntaxError, RecursionError):
@@ -83,6 +94,18 @@ class Reader(Builtins):
         for v in inner.sh.out or []:
             got = got + v
         return None if got.unknown else Val(got.text.rstrip("\n"), assumed=got.assumed)
+
+    def environment_names(self, pattern: str) -> Val | None:
+        """``env | awk -F= '/PATTERN/{print $1}'``: the names of the exported variables PATTERN matches, known only in
+        an environment the caller vouches for whole, and when no variable the script set could be among them."""
+        try:
+            rx = re.compile(pattern)
+        except re.error:
+            return None
+        set_here = {*self.sh.scalars, *self.sh.arrays, *BASH_EXPORTS}
+        if not self.sh.env_complete or any(rx.search(name) for name in set_here):
+            return None
+        return Val("\n".join(sorted(name for name in {*self.sh.env, *self.sh.login} if rx.search(name))))
 
     def run(self, stmts: list) -> Launch | None:
         """The launch bash reaches, or None (``exited``: the line of the ``exit`` that ended the script)."""

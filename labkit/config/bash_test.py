@@ -54,6 +54,15 @@ def _unary(op: str, a: Val) -> bool | str:
     return f"the test operator {op}"
 
 
+def integer_expected(args: list[Val]) -> bool:
+    """``[ X -eq Y ]`` with a known X or Y that is not an integer: bash prints "integer expression expected" and the
+    test exits 2 (the if takes its else). Only the plain three-word form: under ``!``, ``-a`` or ``-o`` labkit
+    leaves it undecided."""
+    if len(args) != 3 or args[1].unknown or args[1].text not in _INT_OPS or args[0].unknown or args[2].unknown:
+        return False
+    return isinstance(_int(args[0]), str) or isinstance(_int(args[2]), str)
+
+
 def single_bracket(args: list[Val]) -> bool | str:
     """``[ args ]``: ``!``, one, two and three arguments, and ``-a``/``-o`` joining them."""
     words = [a.text if not a.unknown else None for a in args]
