@@ -39,6 +39,8 @@ def way_out(cfg: VerlConfig, s: MemorySettings, price: Price, short: Short, acce
                 return f"{new_s.world_size:,} GPUs like these ({sizes}){rules}"
             if tries >= MAX_TRIES:
                 break
+        if tries >= MAX_TRIES:
+            break
     capacities = sorted((gpu_settings(cfg, name)["gpu_bytes"], name) for name in gpu_names())
     for capacity, name in (c for c in capacities if c[0] > s.gpu_bytes):
         _, new_s, new_phases = price({"gpu_bytes": capacity})
