@@ -10,5 +10,6 @@ GRPO_7B_8K = [
     "data.max_prompt_length=1024",
     "data.max_response_length=8192",
     "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # the eager entropy the known OOM reports ran;
+    # verl's default torch.compile fuses it (the head then holds only the logits: the same step fits)
 ]

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import _jupyterlab as jl
 import pytest
+from _known_configs import GRPO_7B_8K
 
 from labkit.ui import lab_server, notebook_filter
 
@@ -59,17 +60,7 @@ RAN: set[str] = set()  # the notebooks this run executed and saved (the git chec
 LATENCY_BOUND_MS = {"median": 250.0, "max": 1000.0}
 RUN_TIMEOUT_S = 150
 # notebook 07's config (the eager entropy of a 16-row log-prob micro-batch of 9,216-token rows: 15+ terms stacked)
-OOM_CONFIG = [
-    "data.train_batch_size=256",
-    "actor_rollout_ref.rollout.n=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=8192",
-    "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-]
+OOM_CONFIG = GRPO_7B_8K
 QWEN3_MOE = ROOT / "tests/data/launch_scripts/verl-1dda039/examples/grpo_trainer/run_qwen3_30b_a3b_fsdp.sh"
 WALK_OPTIONS = {"03_micro_batches", "04_balance_batch"}  # their Try-it panel: every dropdown option answers
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from _known_configs import GRPO_7B_8K
 
 from labkit.cli import main
 from labkit.config.verl_config import load_config
@@ -23,18 +24,7 @@ from labkit.plan.step import plan
 GiB = 2**30
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 # the user: "compute_log_prob OOMs on 8×H100 80 GB with Qwen2.5-7B and 8k responses: what do I change?"
-USER = [
-    "data.train_batch_size=256",
-    f"{R}.n=8",
-    f"{A}.ppo_mini_batch_size=64",
-    f"{A}.ppo_micro_batch_size_per_gpu=4",
-    f"{R}.log_prob_micro_batch_size_per_gpu=16",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=8192",
-    "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
-    # default torch.compile fuses it (the head then holds only the logits: the same step fits)
-]
+USER = GRPO_7B_8K
 
 
 def _settings(overrides=(), model="Qwen2.5-7B", gib=80, profile="engine", **over):

@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, replace
 
 import pytest
+from _known_configs import GRPO_7B_8K
 
 from labkit.cli import main
 from labkit.config.verl_config import ConfigError, load_config
@@ -21,18 +22,7 @@ from labkit.ui import dashboard_state as S
 
 GiB, MiB = 2**30, 2**20
 PATH = "actor_rollout_ref.model.path"
-USER = [
-    "data.train_batch_size=256",
-    "actor_rollout_ref.rollout.n=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=8192",
-    "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # the eager entropy the known OOM reports ran; verl's
-    # default torch.compile fuses it (the head then holds only the logits: the same step fits)
-]
+USER = GRPO_7B_8K
 
 
 def _cli(*args):

@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pytest
+from _known_configs import GRPO_7B_8K
 
 from labkit.memory.terms import TERMS
 from labkit.ui import memory_figures
@@ -19,17 +20,7 @@ from labkit.ui.term_colours import LABEL_SHARE, delta_e, known_terms, lab_of, pa
 
 ARR = "actor_rollout_ref"
 # notebook 07's config: 16 rows per log-prob micro-batch of 9,216-token rows, the eager entropy (15+ terms stacked)
-USER = [
-    "data.train_batch_size=256",
-    f"{ARR}.rollout.n=8",
-    f"{ARR}.actor.ppo_mini_batch_size=64",
-    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4",
-    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=8192",
-    "algorithm.adv_estimator=grpo",
-    f"{ARR}.actor.fsdp_config.use_torch_compile=false",
-]
+USER = GRPO_7B_8K
 ALIKE = 10.0  # CIE94: below this two colours read as the same colour
 
 
