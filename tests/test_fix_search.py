@@ -1,4 +1,4 @@
-"""The memory fix search (labkit.memory.verdict.fixes_for over labkit.memory.fix_knobs): a fix always changes the
+"""The memory fix search (labkit.memory.fix_search.fixes_for over labkit.memory.fix_knobs): a fix always changes the
 config, and says what from and to; what it sets is what the new peak was computed with; a knob family is one
 function in CANDIDATES."""
 
@@ -13,9 +13,10 @@ from labkit.config.text_input import load_pasted_config
 from labkit.config.verl_config import load_config
 from labkit.memory import fix_candidates, fix_knobs
 from labkit.memory.choice import settings_for
+from labkit.memory.fix_search import fixes_for
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases
-from labkit.memory.verdict import fixes_for, memory_report
+from labkit.memory.verdict import memory_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests/data/launch_scripts/verl-1dda039/examples/grpo_trainer/run_qwen3_30b_a3b_fsdp.sh"

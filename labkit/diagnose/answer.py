@@ -111,7 +111,7 @@ def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str 
         found, matched = oom_answer.tensor_lines(
             a, tensors, rep.settings.model.vocab_size, d.facts.get("failed_in", "")
         )
-        lines, fixes, predicted = oom_answer.prediction(cfg, rep, phase, a)
+        lines, fixes, predicted = oom_answer.prediction(rep, phase, a)
         d.lines += found + lines
         d.facts["predicted_peak_bytes"] = rep.phases[phase].peak_bytes
         d.facts["fixes"] = fixes

@@ -9,9 +9,7 @@ from typing import Any
 
 from labkit.diagnose.log_failures import AllocationFailure
 from labkit.diagnose.oom_match import GiB, Tensor, factorisations, match
-from labkit.memory.settings import MemorySettings
-from labkit.memory.step_memory import step_phases
-from labkit.memory.verdict import MemoryReport, fixes_for
+from labkit.memory.verdict import MemoryReport
 
 
 def _gib(n: int | None) -> str:
@@ -85,9 +83,7 @@ def tensor_lines(
     return lines, False
 
 
-def prediction(
-    cfg: Any, rep: MemoryReport, phase: str, a: AllocationFailure
-) -> tuple[list[str], list[dict[str, Any]], bool]:
+def prediction(rep: MemoryReport, phase: str, a: AllocationFailure) -> tuple[list[str], list[dict[str, Any]], bool]:
     """labkit's peak for the failing phase beside the log's, the fixes (when labkit predicts the OOM too) and
     whether labkit's model explains the failure."""
     p = rep.phases[phase]
@@ -118,8 +114,7 @@ def prediction(
             "knob the log does not show differ, or memory outside the model (another process, a leak) was held"
         )
         return lines, [], False
-    s: MemorySettings = rep.settings
-    fixes = fixes_for(cfg, s, phase, step_phases, rep.verl_error)
+    fixes = [f for f in rep.fixes if f["phase"] == phase]  # the report priced them: the same fixes memory gives
     for f in fixes[:6]:
         verdict = "verl accepts" if not f["verl_error"] else f"verl rejects it ({f['verl_error']})"
         lines.append(

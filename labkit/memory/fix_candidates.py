@@ -1,5 +1,5 @@
 """The verl knobs "why did it OOM?" tries for a phase that does not fit: one ``Candidate`` per knob, its values the
-smallest change first, what it costs and its tier. ``labkit.memory.verdict.fixes_for`` re-evaluates each value with
+smallest change first, what it costs and its tier. ``labkit.memory.fix_search.fixes_for`` re-evaluates each value with
 the same memory model and keeps the first that fits.
 
 Each family of knobs is one function ``(cfg, settings, phase) -> list[Candidate]`` (the larger moves are in
