@@ -293,7 +293,7 @@ def test_docs_list_every_term():
 
 
 def test_the_notebook_panel_answers_within_100_ms():
-    from labkit.memory.command import render_text
+    from labkit.memory.answer_text import render_text
     from labkit.ui import memory_figures
 
     memory_figures.phase_stack(memory_figures.report_for(USER, "Qwen2.5-7B", "H100-80GB"))  # warm

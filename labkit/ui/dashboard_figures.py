@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from labkit.memory.command import break_even_line, not_priced_lines, way_out_lines
+from labkit.memory.answer_text import break_even_line, not_priced_lines, way_out_lines
 from labkit.trace import StepTrace
 from labkit.ui.figure_style import PALETTE, PLOTLY_MIME, FigureSpec, plain_figure, specs
 from labkit.ui.html_table import html_table

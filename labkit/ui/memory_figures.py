@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 from labkit.config.lengths import parse_lengths
 from labkit.config.messages import InputError
 from labkit.config.verl_config import load_config
+from labkit.memory.answer_text import render_text
 from labkit.memory.choice import settings_for
-from labkit.memory.command import render_text
 from labkit.memory.gpus import gpu_names
 from labkit.memory.settings import MemorySettings, compile_key
 from labkit.memory.shapes import model_names
