@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit import cli
-from labkit.reality.corpus import Case
+from labkit.reality.case import Case
 
 ENTRY = "python3 -m verl.trainer.main_ppo"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.reality.ask import Answer, ask
-from labkit.reality.corpus import Case
+from labkit.reality.case import Case
 
 GiB = 2**30
 OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers", "allocator_reserve")
