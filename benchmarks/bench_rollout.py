@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from labkit.trainer import live_rollout  # noqa: E402
+from labkit.trainer import live_config, live_rollout  # noqa: E402
 
 
 def load() -> float:
@@ -30,7 +30,7 @@ def load() -> float:
 
 def bench(engine: str, world: int, tp: int, prompts: int, n: int, tokens: int, launcher: str, repeats: int) -> dict:
     """One group: its cold start, then the median of ``repeats`` rollouts of prompts·n rows × tokens (after a warm-up)."""
-    cfg = live_rollout.rollout_config(
+    cfg = live_config.rollout_config(
         [
             f"trainer.n_gpus_per_node={world}",
             f"data.train_batch_size={prompts}",

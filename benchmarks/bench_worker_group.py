@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from labkit.protocol.data_proto import DataProto  # noqa: E402
 from labkit.runtime.demo_worker import DemoWorker  # noqa: E402
-from labkit.runtime.ray_launcher import import_ray, ray_available  # noqa: E402
+from labkit.runtime.ray_init import import_ray, ray_available  # noqa: E402
 from labkit.runtime.worker_group import WorkerGroup  # noqa: E402
 
 

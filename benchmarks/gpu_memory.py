@@ -22,9 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from labkit.memory.phases import PassShape, forward_pass, update_pass  # noqa: E402
+from labkit.memory.model_catalogue import model_shape  # noqa: E402
+from labkit.memory.phase_records import PassShape  # noqa: E402
+from labkit.memory.phases import forward_pass, update_pass  # noqa: E402
 from labkit.memory.settings import MemorySettings  # noqa: E402
-from labkit.memory.shapes import model_shape  # noqa: E402
 from labkit.model.allocation_meter import AllocationMeter  # noqa: E402
 from labkit.model.logprob import forward_micro_batch  # noqa: E402
 from labkit.model.memory_check import RESIDENT, transient_bytes  # noqa: E402

@@ -10,8 +10,8 @@ from _ulysses_ranks import CFG  # the same 2-layer Qwen2 as the Ulysses tests
 
 from labkit.model.logprob import forward_micro_batch
 from labkit.protocol.data_proto import DataProto
-from labkit.rl.actor import build_model
 from labkit.rl.actor_math import ActorSettings, static_parts
+from labkit.rl.actor_model import build_model
 from labkit.rl.algo import micro_batch_loss_scale, policy_loss_vanilla
 
 P, R, N, TEMPERATURE = 10, 8, 8, 0.7

@@ -33,7 +33,7 @@ def descendants(pid: int) -> set[int]:
 def spawned_processes() -> set[int]:
     """Live processes below this one, except multiprocessing's own helpers (the fork server, the resource tracker),
     which serve the whole test process; ranks forked by the fork server are below it, so they do count."""
-    from labkit.runtime.local_launcher import pid_alive
+    from labkit.runtime.processes import pid_alive
 
     me = os.getpid()
     helpers = {p for p in _children().get(me, []) if "forkserver" in cmdline(p) or "resource_tracker" in cmdline(p)}

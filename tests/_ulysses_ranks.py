@@ -160,11 +160,12 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
 
         from labkit.model.ulysses import apply_ulysses_patch
         from labkit.runtime import dist as ldist
+        from labkit.runtime import meshes, process_group
 
         t0 = time.perf_counter()
-        ldist.init_dist(rank, world, port, timeout_s=60.0)
+        process_group.init_dist(rank, world, port, timeout_s=60.0)
         res["init_s"] = time.perf_counter() - t0
-        mesh2, mesh4 = ldist.actor_mesh(sp=2), ldist.actor_mesh(sp=4)
+        mesh2, mesh4 = meshes.actor_mesh(sp=2), meshes.actor_mesh(sp=4)
         sp2, sp4 = mesh2["sp"].get_group(), mesh4["sp"].get_group()
         model = apply_ulysses_patch(build_model(payload["state_path"]), 4)
         dp_rank = mesh2.get_local_rank("dp")
@@ -174,7 +175,7 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_q) -> None:
         _collective_checks(sp4, res, "sp4")
         _run_sp_case(model, payload["batches"]["odd"], sp4, res, "sp4")
         ldist.barrier()
-        ldist.teardown()
+        process_group.teardown()
     except BaseException:  # report, never leave the parent waiting for its timeout
         res = {"error": traceback.format_exc()}
     report_and_exit(out_q, rank, res)

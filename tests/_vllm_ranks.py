@@ -7,7 +7,8 @@ from typing import Any
 
 from labkit.protocol.data_proto import DataProto
 from labkit.rl.rollout import RolloutWorker
-from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn, register
+from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn
+from labkit.runtime.worker import register
 
 RAISE_KEY = "test_raise_on_rank"
 

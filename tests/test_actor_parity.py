@@ -62,8 +62,9 @@ def _oracle_case(case: dict) -> dict:
 
     from labkit.model.logprob import forward_micro_batch
     from labkit.protocol.data_proto import DataProto
-    from labkit.rl.actor import ActorWorker, build_model
+    from labkit.rl.actor import ActorWorker
     from labkit.rl.actor_math import reduce_legacy
+    from labkit.rl.actor_model import build_model
     from labkit.rl.actor_update import run_update
 
     keys = dict(

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from labkit import cli
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.cli import entry_point as cli
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.config.yaml_input import MAX_FILE_BYTES, MAX_NODES
 
 GRPO = ["algorithm.adv_estimator=grpo"]

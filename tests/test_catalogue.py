@@ -147,7 +147,8 @@ TARGETED = [
 
 
 def test_every_message_of_targeted_configs_matches_its_template():
-    from labkit.config.verl_config import ConfigError, load_config
+    from labkit.config.messages import ConfigError
+    from labkit.config.verl_config import load_config
     from labkit.validate.report import check
 
     seen, bad = set(), []

@@ -2,7 +2,8 @@
 
 import pytest
 
-from labkit.config.verl_config import SEED_EXAMPLE, ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import SEED_EXAMPLE, load_config
 
 
 def test_defaults_and_interpolations_follow_verl():

@@ -14,11 +14,12 @@ from labkit.protocol.data_proto import DataProto
 from labkit.runtime import ray_launcher
 from labkit.runtime import worker_group as controller
 from labkit.runtime.demo_worker import DemoWorker, add_one_to_ids
-from labkit.runtime.local_launcher import pid_alive
-from labkit.runtime.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.runtime.live_call import LiveFuture
+from labkit.runtime.processes import pid_alive
+from labkit.runtime.ray_init import import_ray, ray_available
+from labkit.runtime.ray_launcher import start_ray, stop_ray
 from labkit.runtime.worker_group import (
     CollectiveTimeoutError,
-    LiveFuture,
     RankError,
     WorkerGroup,
     WorkerGroupError,
@@ -317,7 +318,7 @@ def _ray_session_commands() -> list[str]:
 def test_labkit_started_ray_is_lean(ray_session):
     """A Ray labkit starts runs no autoscaler monitor, no log monitor, no dashboard API server, no prestarted idle
     workers (each ~1 CPU-s at start-up on a 2-core machine), and the driver's environment is as it was."""
-    from labkit.runtime.ray_launcher import LEAN_ENV
+    from labkit.runtime.ray_init import LEAN_ENV
 
     commands = _ray_session_commands()
     assert any("raylet" in c for c in commands), commands  # the session is really found
@@ -447,7 +448,7 @@ def test_bad_timeouts_and_unimportable_workers_fail_before_any_process(monkeypat
     import sys
     import types
 
-    from labkit.runtime.dispatch import Worker
+    from labkit.runtime.worker import Worker
 
     before, n_live, t0 = set(_descendants()), len(live_groups()), time.monotonic()
     for kwargs, name in (
@@ -503,7 +504,7 @@ def test_local_rank_killed_is_reported_at_once_and_a_raw_collective_breaks_the_g
 
 
 def test_auto_launcher_falls_back_to_local_without_ray(monkeypatch):
-    import labkit.runtime.ray_launcher as rl
+    import labkit.runtime.ray_init as rl
 
     assert controller._pick_launcher("auto") == ("ray" if ray_available() else "local")
     monkeypatch.setattr(rl, "ray_available", lambda: False)

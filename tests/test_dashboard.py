@@ -16,8 +16,8 @@ import yaml
 
 W = pytest.importorskip("ipywidgets")
 
+from labkit.config.messages import ConfigError  # noqa: E402
 from labkit.config.text_input import load_pasted_config, read_config_text  # noqa: E402
-from labkit.config.verl_config import ConfigError  # noqa: E402
 from labkit.rules.geometry import BatchGeometry  # noqa: E402
 from labkit.ui import dashboard_state as S  # noqa: E402
 from labkit.ui.dashboard import CSS, Dashboard, state_of  # noqa: E402

@@ -12,7 +12,7 @@ import traceback
 import pytest
 import torch
 
-from labkit.runtime import dist
+from labkit.runtime import dist, meshes, process_group
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 3.0
@@ -22,31 +22,31 @@ COLLECTIVE_TIMEOUT_S = 3.0
 @pytest.mark.parametrize("world,tp,rdp,pp", [(5, 2, 1, 1), (6, 4, 1, 1), (6, 2, 2, 1), (4, 1, 1, 3), (7, 7, 1, 2)])
 def test_rollout_mesh_check_is_verl_e23(world, tp, rdp, pp):
     with pytest.raises(AssertionError) as err:
-        dist.check_rollout_mesh(world, tp, rdp, pp)
+        meshes.check_rollout_mesh(world, tp, rdp, pp)
     assert str(err.value) == f"rollout world_size: {world} is not divisible by infer_world_size: {tp * rdp * pp}"
 
 
 @pytest.mark.parametrize("world,tp,rdp,pp", [(4, 2, 1, 1), (6, 2, 1, 1), (8, 2, 2, 2), (3, 1, 1, 1), (6, 3, 2, 1)])
 def test_rollout_mesh_check_accepts_divisible(world, tp, rdp, pp):
-    dist.check_rollout_mesh(world, tp, rdp, pp)
+    meshes.check_rollout_mesh(world, tp, rdp, pp)
 
 
 def test_actor_mesh_check_names_both_numbers():
     with pytest.raises(ValueError, match=r"world size 6 is not divisible by ulysses_sequence_parallel_size 4"):
-        dist.check_actor_mesh(6, 4)
-    dist.check_actor_mesh(6, 3)
+        meshes.check_actor_mesh(6, 4)
+    meshes.check_actor_mesh(6, 3)
 
 
 def test_backend_choice_on_this_machine():
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     expected = ("nccl", "cuda") if n_gpu >= 4 else ("gloo", "cuda" if n_gpu else "cpu")
-    assert dist.choose_backend(4) == expected
-    assert dist.choose_backend(4, "gloo") == ("gloo", "cpu")
+    assert process_group.choose_backend(4) == expected
+    assert process_group.choose_backend(4, "gloo") == ("gloo", "cpu")
     if n_gpu < 4:
         with pytest.raises(ValueError, match="nccl needs one GPU per rank"):
-            dist.choose_backend(4, "nccl")
+            process_group.choose_backend(4, "nccl")
     with pytest.raises(ValueError, match="backend must be"):
-        dist.choose_backend(2, "mpi")
+        process_group.choose_backend(2, "mpi")
 
 
 def test_bad_timeouts_are_clear_errors_before_any_wait():
@@ -56,11 +56,11 @@ def test_bad_timeouts_are_clear_errors_before_any_wait():
 
     for bad in (0, -1.0, float("inf"), float("nan"), None):
         with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
-            dist.init_dist(0, 1, dist.free_port(), timeout_s=bad)
+            process_group.init_dist(0, 1, process_group.free_port(), timeout_s=bad)
     with pytest.raises(ValueError, match=r"^rendezvous_timeout_s must be a finite number of seconds > 0"):
-        dist.init_dist(0, 1, dist.free_port(), rendezvous_timeout_s=0)
+        process_group.init_dist(0, 1, process_group.free_port(), rendezvous_timeout_s=0)
     with pytest.raises(ValueError, match=r"need 0 <= rank < world_size"):
-        dist.init_dist(2, 2, dist.free_port())
+        process_group.init_dist(2, 2, process_group.free_port())
     with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
         dist.all_reduce(torch.ones(1), timeout_s=0)
     with pytest.raises(ValueError, match=r"^timeout_s must be a finite number of seconds > 0"):
@@ -71,7 +71,7 @@ def test_bad_timeouts_are_clear_errors_before_any_wait():
 
 
 def test_free_port_is_bindable():
-    port = dist.free_port()
+    port = process_group.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
 
@@ -84,28 +84,28 @@ def _rank_main(rank: int, port: int, queue) -> None:
     try:
         from labkit.protocol.data_proto import DataProto
 
-        dist.init_dist(rank, WORLD, port, timeout_s=COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s=120)
-        am = dist.actor_mesh(sp=2)
+        process_group.init_dist(rank, WORLD, port, timeout_s=COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s=120)
+        am = meshes.actor_mesh(sp=2)
         out["actor"] = (
-            dist.dp_rank(am),
-            dist.sp_rank(am),
-            dist.group_ranks(am.get_group("dp")),
-            dist.group_ranks(am.get_group("sp")),
+            meshes.dp_rank(am),
+            meshes.sp_rank(am),
+            meshes.group_ranks(am.get_group("dp")),
+            meshes.group_ranks(am.get_group("sp")),
         )
-        rm = dist.rollout_mesh(tp=2)
+        rm = meshes.rollout_mesh(tp=2)
         out["rollout_tp2"] = (
-            dist.dp_rank(rm),
-            dist.tp_rank(rm),
-            dist.group_ranks(rm.get_group("infer_tp")),
-            dist.group_ranks(rm.get_group("dp")),
+            meshes.dp_rank(rm),
+            meshes.tp_rank(rm),
+            meshes.group_ranks(rm.get_group("infer_tp")),
+            meshes.group_ranks(rm.get_group("dp")),
         )
-        rm2 = dist.rollout_mesh(tp=2, pp=2)
+        rm2 = meshes.rollout_mesh(tp=2, pp=2)
         out["rollout_tp2_pp2"] = (
             rm2.get_local_rank("dp"),
             rm2.get_local_rank("infer_tp"),
             rm2.get_local_rank("infer_pp"),
-            dist.group_ranks(rm2.get_group("infer_tp")),
-            dist.group_ranks(rm2.get_group("infer_pp")),
+            meshes.group_ranks(rm2.get_group("infer_tp")),
+            meshes.group_ranks(rm2.get_group("infer_pp")),
         )
         out["mesh_ranks"] = {
             "local_rank": rm.get_local_rank("infer_tp"),
@@ -144,7 +144,7 @@ def _rank_main(rank: int, port: int, queue) -> None:
                 out["timeout"] = None
             except dist.CollectiveTimeout as exc:
                 out["timeout"] = (str(exc), exc.rank, exc.collective, exc.group_ranks, time.monotonic() - t0)
-        out["destroyed"] = dist.teardown()
+        out["destroyed"] = process_group.teardown()
         out["initialized_after"] = torch.distributed.is_initialized()
     except BaseException:
         out["error"] = traceback.format_exc()
@@ -160,7 +160,7 @@ def rank_results():
     ctx = mp.get_context("forkserver")  # as labkit's local launcher: one preloaded server forks the ranks
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     queue = ctx.SimpleQueue()
-    port = dist.free_port()
+    port = process_group.free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, queue), daemon=True) for r in range(WORLD)]
     for p in procs:
         p.start()
@@ -265,4 +265,4 @@ def test_teardown_destroys_the_process_group(rank_results):
 
 def test_driver_process_never_joined_a_group():
     assert not torch.distributed.is_initialized()
-    assert dist.state() is None and os.environ.get("RANK") is None
+    assert process_group.state() is None and os.environ.get("RANK") is None

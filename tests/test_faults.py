@@ -19,7 +19,8 @@ from _procs import new_leftovers, run_leftovers
 
 from labkit.runtime import worker_group as controller
 from labkit.runtime.demo_worker import DemoWorker
-from labkit.runtime.ray_launcher import ray_available, start_ray, stop_ray
+from labkit.runtime.ray_init import ray_available
+from labkit.runtime.ray_launcher import start_ray, stop_ray
 from labkit.runtime.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.slow
@@ -202,7 +203,7 @@ def test_nothing_outlives_a_killed_driver(launcher, signum, tmp_path):
 
     from _procs import cmdline, descendants
 
-    from labkit.runtime.local_launcher import pid_alive
+    from labkit.runtime.processes import pid_alive
 
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)

@@ -14,7 +14,8 @@ from _memory_reads import memory_reads
 
 from labkit.cli import main
 from labkit.config.key_effects import EFFECTS, REGISTRY, effect_of, unpriced
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.memory.model_source import PATH_KEY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -321,7 +321,8 @@ def test_a_text_with_no_launch_is_not_judged():
 
 # -- Hydra's forms and the command line ----------------------------------------------------------------------------
 def test_hydra_forms():
-    from labkit.config.verl_config import ConfigError, load_config
+    from labkit.config.messages import ConfigError
+    from labkit.config.verl_config import load_config
 
     cfg = load_config(
         None,
@@ -394,8 +395,8 @@ def test_mutated_scripts_give_a_clear_error_or_a_reading():
     import random
     import time
 
+    from labkit.config.messages import ConfigError
     from labkit.config.text_input import load_pasted_config
-    from labkit.config.verl_config import ConfigError
 
     rng = random.Random(7)
     files = sorted(DATA.rglob("*.sh"))

@@ -46,7 +46,7 @@ def test_local_ranks_exit_when_their_driver_is_killed(tmp_path):
     import time
     from pathlib import Path
 
-    from labkit.runtime.local_launcher import DRIVER_POLL_S, pid_alive
+    from labkit.runtime.processes import DRIVER_POLL_S, pid_alive
 
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -98,7 +98,7 @@ def test_processes_a_rank_started_die_with_the_group():
     import time
 
     from labkit.runtime.demo_worker import DemoWorker
-    from labkit.runtime.local_launcher import pid_alive
+    from labkit.runtime.processes import pid_alive
     from labkit.runtime.worker_group import WorkerGroup
 
     wg = WorkerGroup(DemoWorker, 2, launcher="local", timeout_s=60)

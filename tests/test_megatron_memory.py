@@ -15,7 +15,7 @@ from labkit.memory.megatron_activations import Recompute, StageInputs, in_flight
 from labkit.memory.megatron_memory import PHASES, megatron_memory, stage_phase
 from labkit.memory.megatron_params import Residency, model_states, stage_params
 from labkit.memory.megatron_terms import MEGATRON_TERMS, megatron_terms_markdown
-from labkit.memory.shapes import model_names, model_shape
+from labkit.memory.model_catalogue import model_names, model_shape
 from labkit.model.trace_megatron import ORACLE
 from labkit.plan.pipeline_schedule import pipeline_schedule
 from labkit.rules.parallel_layout import ParallelLayout

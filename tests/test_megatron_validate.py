@@ -36,9 +36,11 @@ from labkit.config.verl_config import VerlConfig
 from labkit.rules import megatron_rules as mr
 from labkit.rules import megatron_schedule as ms
 from labkit.rules.catalogue import code_of, message_fields
+from labkit.validate.batch_sizes import normalized_mini
 from labkit.validate.megatron_checks import legacy_init
-from labkit.validate.report import check, normalized_mini
-from labkit.validate.snapshot import Run, Snap
+from labkit.validate.report import check
+from labkit.validate.snapshot import Recorder as Run
+from labkit.validate.snapshot import Snap
 
 ROOT = Path(__file__).resolve().parent.parent
 MCORE = ROOT / ".oracle" / "megatron-core-0.16.1"

@@ -13,9 +13,10 @@ from _known_configs import GRPO_7B_8K
 
 from labkit.cli import main
 from labkit.config.verl_config import load_config
-from labkit.memory.phases import PassShape, forward_pass, update_pass
+from labkit.memory.model_catalogue import model_names, model_shape
+from labkit.memory.phase_records import PassShape
+from labkit.memory.phases import forward_pass, update_pass
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import model_names, model_shape
 from labkit.memory.step_memory import ORDER, fill_bytes_predicted, trace_phases
 from labkit.memory.terms import TERMS
 from labkit.memory.verdict import memory_report

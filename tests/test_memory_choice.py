@@ -12,11 +12,13 @@ import pytest
 from _known_configs import GRPO_7B_8K
 
 from labkit.cli import main
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
+from labkit.memory.data_tables import DATA
 from labkit.memory.headroom import reported_bytes, state
+from labkit.memory.model_catalogue import model_shape
 from labkit.memory.model_source import model_for, shape_from_config_json
-from labkit.memory.shapes import DATA, model_shape
 from labkit.memory.verdict import memory_report
 from labkit.ui import dashboard_state as S
 

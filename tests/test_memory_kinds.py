@@ -9,9 +9,10 @@ import pytest
 from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
 from labkit.memory.kv_cache import kv_layout
-from labkit.memory.phases import PassShape, forward_pass, generate, update_pass
-from labkit.memory.shapes import model_shape
-from labkit.memory.terms import moe_forward_bytes, moe_saved_bytes, saved_layer_bytes
+from labkit.memory.model_catalogue import model_shape
+from labkit.memory.phase_records import PassShape
+from labkit.memory.phases import forward_pass, generate, update_pass
+from labkit.memory.term_bytes import moe_forward_bytes, moe_saved_bytes, saved_layer_bytes
 
 
 def _settings(model, **over):

@@ -5,8 +5,8 @@ bytes_predicted per rank) runs in notebooks/07_oom_debugging.ipynb, which the su
 
 import torch
 
+from labkit.memory.model_catalogue import model_shape
 from labkit.memory.phases import hf_generate
-from labkit.memory.shapes import model_shape
 from labkit.model.allocation_meter import AllocationMeter
 from labkit.model.memory_check import check_passes
 
@@ -37,7 +37,8 @@ def test_verl_entropy_and_log_prob_allocate_what_the_model_says():
 
     from verl.utils import torch_functional as verl_F
 
-    from labkit.memory.phases import PassShape, forward_pass
+    from labkit.memory.phase_records import PassShape
+    from labkit.memory.phases import forward_pass
     from labkit.model.memory_check import tiny_settings
 
     tokens, vocab, chunk = 1024, 4096, 256

@@ -14,7 +14,8 @@ import pytest
 
 from labkit.config.verl_config import load_config
 from labkit.memory.choice import settings_for
-from labkit.memory.phases import PassShape, forward_pass, update_pass
+from labkit.memory.phase_records import PassShape
+from labkit.memory.phases import forward_pass, update_pass
 from labkit.memory.trace_compare import TRACE_LAYERS, trace_spec, traced_settings, transient_terms
 from labkit.model.trace_runner import run_traces
 

@@ -9,11 +9,13 @@ import json
 import pytest
 
 from labkit.cli import main
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.memory.catalogue_doc import render
 from labkit.memory.choice import model_note
+from labkit.memory.data_tables import DATA
+from labkit.memory.model_catalogue import model_names, model_shape
 from labkit.memory.model_source import closest_names, known_shape, model_for
-from labkit.memory.shapes import DATA, model_names, model_shape
 
 PATH = "actor_rollout_ref.model.path"
 MODELS = json.loads((DATA / "model_shapes.json").read_text())["models"]

@@ -9,8 +9,8 @@ from _oracle_mcore import mcore
 
 from labkit.config.keys import ACTOR
 from labkit.config.verl_config import load_config
-from labkit.memory.megatron_params import stage_layers
-from labkit.memory.shapes import model_shape
+from labkit.memory.megatron_stages import stage_layers
+from labkit.memory.model_catalogue import model_shape
 from labkit.rules.parallel_layout import ParallelLayout
 from labkit.rules.pipeline_layout import layout_layers, layout_verdicts, layout_vpp, parse_layout
 

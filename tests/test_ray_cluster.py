@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from _procs import cmdline, descendants
 
-from labkit.runtime.local_launcher import pid_alive
-from labkit.runtime.ray_launcher import ray_available
+from labkit.runtime.processes import pid_alive
+from labkit.runtime.ray_init import ray_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ray_available(), reason="Ray is not installed here")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ DRIVER = textwrap.dedent(
     """
     import json, math
     from labkit.runtime.demo_worker import DemoWorker
-    from labkit.runtime.ray_launcher import import_ray
+    from labkit.runtime.ray_init import import_ray
     from labkit.runtime.worker_group import WorkerGroup
     from labkit.trainer.grpo_trainer import GRPOTrainer
 

@@ -12,10 +12,12 @@ import torch
 
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import rollout
-from labkit.runtime.ray_launcher import import_ray, ray_available, start_ray, stop_ray
+from labkit.runtime.ray_init import import_ray, ray_available
+from labkit.runtime.ray_launcher import start_ray, stop_ray
 from labkit.runtime.ray_reaper import session_pids
 from labkit.runtime.worker_group import WorkerGroup, live_groups
-from labkit.trainer.live_rollout import LiveRollout, generate_stage_ok, returned, rollout_config
+from labkit.trainer.live_config import rollout_config
+from labkit.trainer.live_rollout import LiveRollout, generate_stage_ok, returned
 
 CONFIGS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (W, rollout TP); (1, 2) is E23, checked on the driver
 B, N_SAMPLES, RESPONSE, PROMPT = 4, 2, 8, 24

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
+from labkit.memory.data_tables import DATA
 from labkit.memory.gpus import gpu, gpu_names
-from labkit.memory.shapes import ARCHITECTURES, DATA, model_names, model_shape
+from labkit.memory.model_catalogue import ARCHITECTURES, model_names, model_shape
 
 MODELS = json.loads((DATA / "model_shapes.json").read_text())["models"]
 LEGACY = [n for n in MODELS if "config" not in MODELS[n]]
@@ -227,7 +228,7 @@ ORACLE = [n for n in MODELS if "config" in MODELS[n] and MODELS[n]["config"]["mo
 @pytest.mark.parametrize("name", ORACLE)
 def test_counts_equal_the_transformers_modules(name):
     """Our closed-form count equals the parameters of transformers' own module for the same config (4 layers)."""
-    from labkit.memory.shapes import shape_from_entry
+    from labkit.memory.model_catalogue import shape_from_entry
 
     config = _shrunk(MODELS[name]["config"])
     mine = shape_from_entry(name, {**MODELS[name], "config": config})

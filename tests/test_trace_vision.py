@@ -38,7 +38,7 @@ def test_a_boolean_image_mask_becomes_the_image_positions_and_the_check_is_resto
 
 
 def test_a_vl_trace_refuses_what_it_cannot_build():
-    from labkit.memory.shapes import model_shape
+    from labkit.memory.model_catalogue import model_shape
     from labkit.model.memory_trace import trace_pass
 
     shape = model_shape("Qwen2.5-VL-7B-Instruct")

@@ -15,7 +15,8 @@ import torch
 
 from labkit.runtime.worker_group import live_groups
 from labkit.trace import compare
-from labkit.trainer.grpo_trainer import COMPARED, FIELDS, GRPOTrainer, mean_scores, trainer_config
+from labkit.trainer.grpo_trainer import GRPOTrainer, mean_scores, trainer_config
+from labkit.trainer.live_trace import COMPARED, FIELDS
 
 EXTRA_STEPS = 4  # after the first: 5 GRPO steps in all (about 7 s each on 2 shared cores)
 LR = 1e-3

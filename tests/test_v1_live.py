@@ -16,7 +16,8 @@ from labkit.rules.geometry import ARR
 from labkit.rules.v1_loop import SYNTHETIC_PADDING_SEQ_LEN
 from labkit.runtime.worker_group import live_groups
 from labkit.trace import compare
-from labkit.trainer.grpo_trainer import FIELDS, GRPOTrainer
+from labkit.trainer.grpo_trainer import GRPOTrainer
+from labkit.trainer.live_trace import FIELDS
 
 V1 = [
     "trainer.use_v1=true",

@@ -16,17 +16,14 @@ import time
 import pytest
 
 from labkit.config.verl_config import SEED_EXAMPLE, load_config
+from labkit.validate.batch_sizes import dp_size, mini_batch_arithmetic, normalized_mini, rows_per_rank
 from labkit.validate.report import (
     Report,
     VerlAssertionError,
     VerlCheckError,
     VerlValueError,
     check,
-    dp_size,
-    mini_batch_arithmetic,
-    normalized_mini,
     raise_for,
-    rows_per_rank,
 )
 
 ACT, RO, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"

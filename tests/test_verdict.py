@@ -7,7 +7,8 @@ import re
 import pytest
 
 from labkit.balance import balance_batch, micro_batches
-from labkit.config.verl_config import SEED_EXAMPLE, ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import SEED_EXAMPLE, load_config
 from labkit.rules.catalogue import catalogue
 from labkit.ui.html_table import html_table
 from labkit.ui.verdict import expect_verl_error, verdict_html, verdict_of, verdict_text

@@ -21,7 +21,7 @@ from labkit.runtime import rank_files
 from labkit.runtime.demo_worker import DemoWorker
 from labkit.runtime.worker_group import RankError, WorkerGroup, live_groups
 from labkit.trainer import engine_setup
-from labkit.trainer.live_rollout import rollout_config
+from labkit.trainer.live_config import rollout_config
 
 pytestmark = [
     pytest.mark.slow,

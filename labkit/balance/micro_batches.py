@@ -9,38 +9,17 @@ live rank (a real all_reduce) and the planner (every rank simulated in lockstep 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
 from labkit.balance.kk import as_values
 from labkit.balance.lockstep import free_partitions, lockstep
+from labkit.balance.micro_batch_plan import DpSync, MicroBatchPlan, SyncSteps
 from labkit.rules.catalogue import message
 from labkit.rules.geometry import ceil_div, workload
 
 PROFILES = ("legacy", "engine")
-
-# dp_sync(op, values) -> values all-reduced over the DP group; op is "max" or "min" (verl: dist.all_reduce).
-DpSync = Callable[[str, list[int]], list[int]]
-# A rank's plan yields ("max"|"min", values) for each DP all-reduce and ("kk", (workloads, k)) for each KK partition.
-_SyncSteps = Generator[tuple[str, Any], Any, "MicroBatchPlan"]
-
-
-@dataclass
-class MicroBatchPlan:
-    """Micro-batches of one rank in execution order: row indices, real tokens and KK workload of each."""
-
-    indices: list[list[int]]
-    tokens: list[int]
-    workloads: list[int]
-    profile: str
-    attempts: int = 1  # KK runs (engine: the count grows until every bucket fits the budget)
-    syncs: list[str] = field(default_factory=list)  # DP all-reduces issued, in order ("max", "max", "min", ...)
-
-    @property
-    def num_micro_batches(self) -> int:
-        return len(self.indices)
 
 
 def roundup_divisible(a: int, b: int) -> int:
@@ -63,7 +42,7 @@ def rank_plan_steps(
     min_num_micro_batch: int | None,
     use_dynamic_bsz_balance: bool,
     force_group_size: int,
-) -> _SyncSteps:
+) -> SyncSteps:
     """One rank's rearrange_micro_batches as a generator that yields each DP all-reduce it needs."""
     _check_profile(profile)
     lens = as_values(seqlens)

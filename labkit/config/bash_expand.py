@@ -10,7 +10,8 @@ import fnmatch
 import re
 
 from labkit.config.bash_arith import ArithEval
-from labkit.config.bash_lex import Arith, BashSyntaxError, CmdSub, Lit, Param, Token, lex_quoted
+from labkit.config.bash_lex import lex_quoted
+from labkit.config.bash_tokens import Arith, BashSyntaxError, CmdSub, Lit, Param, Token
 from labkit.config.bash_values import IFS, MARK, Refusal, Shell, UnknownValue, Val, short, unknown_val
 
 __all__ = ["MARK", "Expander", "Refusal", "Shell", "UnknownValue", "Val", "match_pattern", "unknown_val"]

@@ -1,102 +1,25 @@
-"""Bash's tokens for a launch script, read statically: words with their quoting and expansions, operators, lines.
-
-Quoting, backslash escapes, line continuations, comments, ``$VAR``/``${VAR...}``, ``$(...)``/backticks, ``$((...))``
-and here-documents are split as bash splits them; nothing is expanded here (``labkit.config.bash_expand`` does that).
-One pass over the text, linear in its length; a construct the lexer cannot split raises ``BashSyntaxError``.
+"""Bash's words for a launch script, read statically: a word's quoting and expansions
+(``$VAR``, ``${VAR...}``, ``$(...)``, backticks, ``$((...))``), split as bash splits them and never expanded here
+(``labkit.config.bash_expand`` does that), into the tokens of ``labkit.config.bash_tokens``;
+``labkit.config.bash_tokenize`` reads the operators between words.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
-OPERATORS = ("&&", "||", ";;", ";&", "|&", ";", "|", "&", "(", ")", "\n")
-_REDIR = re.compile(r"(\d*|&)(>>|>&|<&|<<<|<<-|<<|<>|>\||>|<)")
+from labkit.config.bash_tokens import Arith, BashSyntaxError, CmdSub, Lit, Param
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SPECIAL = "@*#?$!-0123456789"
 _PARAM_OPS = (":-", ":=", ":+", ":?", "-", "=", "+", "?")
 
 
-class BashSyntaxError(ValueError):
-    """Text the lexer cannot split (an unclosed quote, ``$(`` or ``${``); ``line`` is 1-based."""
+class WordLexer:
+    """A cursor over the text that reads one word (or the inside of double quotes) at a time."""
 
-    def __init__(self, line: int, what: str) -> None:
-        super().__init__(f"line {line}: {what}")
-        self.line, self.what = line, what
-
-
-@dataclass(frozen=True)
-class Lit:
-    """Literal characters; ``quoted``: inside quotes or escaped (never split)."""
-
-    text: str
-    quoted: bool
-
-
-@dataclass(frozen=True)
-class Param:
-    """``$NAME``, ``${NAME}``, ``${NAME[idx]}``, ``${NAME:-word}`` ... (``op`` "" for none, ``length`` for ``${#X}``,
-    ``unsupported`` for an operator labkit does not evaluate, with the source text in ``raw``)."""
-
-    name: str
-    quoted: bool
-    op: str = ""
-    arg: tuple = ()
-    index: str | None = None
-    raw: str = ""
-
-
-@dataclass(frozen=True)
-class CmdSub:
-    """``$(...)`` or a backtick command substitution: its text, never run."""
-
-    text: str
-    quoted: bool
-
-
-@dataclass(frozen=True)
-class Arith:
-    """``$((...))``: the expression's text, expanded then evaluated as integer arithmetic."""
-
-    text: str
-    quoted: bool
-
-
-@dataclass
-class Token:
-    """A word (``parts``), an operator (``op``) or a redirection (``op`` such as ``>`` or ``2>&1``); ``glued``: no
-    blank before it (``A=(`` opens an array only when glued to its word)."""
-
-    line: int
-    parts: list = field(default_factory=list)
-    op: str = ""
-    glued: bool = False
-    heredoc: str = ""
-
-    @property
-    def is_word(self) -> bool:
-        return not self.op
-
-    def literal(self) -> str | None:
-        """The word's text when it is only literal characters (quoted or not), else None."""
-        if not self.is_word or any(not isinstance(p, Lit) for p in self.parts):
-            return None
-        return "".join(p.text for p in self.parts)
-
-    def lead(self) -> str:
-        """The unquoted literal characters the word starts with (``NAME=`` of an assignment)."""
-        out = []
-        for p in self.parts:
-            if not isinstance(p, Lit) or p.quoted:
-                break
-            out.append(p.text)
-        return "".join(out)
-
-
-class _Lexer:
     def __init__(self, text: str) -> None:
         self.s, self.i, self.line = text, 0, 1
-        self.pending_heredocs: list[tuple[Token, str, bool]] = []
 
     def error(self, what: str) -> BashSyntaxError:
         return BashSyntaxError(self.line, what)
@@ -105,87 +28,6 @@ class _Lexer:
         j = self.i + k
         return self.s[j] if j < len(self.s) else ""
 
-    def tokens(self) -> list[Token]:
-        out: list[Token] = []
-        glued = False
-        while self.i < len(self.s):
-            c = self.s[self.i]
-            if c == "\\" and self.peek(1) == "\n":
-                self.i += 2
-                self.line += 1
-                continue
-            if c in " \t\r":
-                self.i += 1
-                glued = False
-                continue
-            if c == "#" and not glued:
-                while self.i < len(self.s) and self.s[self.i] != "\n":
-                    self.i += 1
-                continue
-            if c == "\n":
-                out.append(Token(self.line, op="\n"))
-                self.i += 1
-                self.line += 1
-                self._read_heredocs()
-                glued = False
-                continue
-            m = _REDIR.match(self.s, self.i)
-            if m and (m.group(1) == "" or not glued):
-                tok = Token(self.line, op=m.group(0), glued=glued)
-                self.i = m.end()
-                out.append(tok)
-                if m.group(2) in ("<<", "<<-"):
-                    self._heredoc_word(tok, strip=m.group(2) == "<<-")
-                glued = False
-                continue
-            if c == "(" and self.peek(1) == "(" and not glued:  # ((expr)): an arithmetic command
-                end = self._balanced("(", ")", self.i + 2)
-                if end >= len(self.s) or self.s[end] != ")":
-                    raise self.error("(( is not closed by '))'")
-                out.append(Token(self.line, parts=[Arith(self.s[self.i + 2 : end - 1], False)], op="(("))
-                self.line += self.s.count("\n", self.i, end)
-                self.i = end + 1
-                continue
-            op = next((o for o in OPERATORS if self.s.startswith(o, self.i)), None)
-            if op is not None:
-                out.append(Token(self.line, op=op, glued=glued))
-                self.i += len(op)
-                glued = False
-                continue
-            line = self.line
-            out.append(Token(line, parts=self.word(), glued=glued))
-            glued = True
-        out.append(Token(self.line, op="\n"))
-        return out
-
-    def _heredoc_word(self, tok: Token, strip: bool) -> None:
-        while self.peek() in (" ", "\t"):
-            self.i += 1
-        start = self.i
-        word = Token(self.line, parts=self.word())
-        if self.i == start:
-            raise self.error("a here-document without a delimiter word")
-        delim = "".join(p.text if isinstance(p, Lit) else "" for p in word.parts)
-        self.pending_heredocs.append((tok, delim, strip))
-
-    def _read_heredocs(self) -> None:
-        for tok, delim, strip in self.pending_heredocs:
-            body = []
-            while True:
-                if self.i >= len(self.s):
-                    raise BashSyntaxError(tok.line, f"here-document '<<{delim}' is never closed")
-                end = self.s.find("\n", self.i)
-                end = len(self.s) if end < 0 else end
-                text = self.s[self.i : end]
-                self.i = min(end + 1, len(self.s))
-                self.line += 1
-                if (text.lstrip("\t") if strip else text) == delim:
-                    break
-                body.append(text)
-            tok.heredoc = "\n".join(body)
-        self.pending_heredocs = []
-
-    # -- words ----------------------------------------------------------------------------------------------------
     def word(self, stop: str = "", quoted: bool = False) -> list:
         """Parts of one word, up to a blank or an operator (or ``stop`` inside ``${...}``)."""
         parts: list = []
@@ -386,13 +228,8 @@ class _Lexer:
         return Param(name, quoted, op=op, arg=tuple(arg), index=index, raw=raw)
 
 
-def tokenize(text: str) -> list[Token]:
-    """The tokens of a script (a final newline token always ends the list); BashSyntaxError if it cannot split."""
-    return _Lexer(text).tokens()
-
-
 def lex_quoted(text: str, line: int = 1) -> list:
     """The parts of ``text`` read as the inside of double quotes (an arithmetic expression before evaluation)."""
-    lx = _Lexer(text + '"')
+    lx = WordLexer(text + '"')
     lx.line = line
     return lx.dquoted()

@@ -4,60 +4,28 @@ up to the first command that launches verl (``is_launch`` says which), so the la
 External commands change no variable, so they are skipped (their exit status is unknown); builtins that change the
 shell (assignments, ``export``, ``unset``, ``set``, ``shift``, ``cd``) are evaluated; ``source``, ``eval``, loops other
 than ``for`` and functions are refused where the reader reaches them. A condition labkit cannot decide runs every
-branch on a copy of the shell and keeps what they agree on (a branch that exits never reaches the launch); a value
-they disagree on becomes unknown, with the reason.
+branch (``labkit.config.bash_branches``); ``$(...)`` runs in a sub-reader over a copy of the shell, and the
+``env | awk`` idiom reads the environment (``labkit.config.bash_environment``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from labkit.config.bash_branches import Branches, Launch, _Launched
 from labkit.config.bash_builtins import Builtins, ScriptExit
-from labkit.config.bash_expand import MARK, Expander, Refusal, Shell, UnknownValue, Val, match_pattern, unknown_val
-from labkit.config.bash_lex import BashSyntaxError, Lit, Token
-from labkit.config.bash_parse import (
-    AndOr,
-    ArithCmd,
-    Case,
-    Cond,
-    For,
-    Group,
-    If,
-    Pipeline,
-    Simple,
-    Unsupported,
-    parse,
-)
+from labkit.config.bash_compound import ArithCmd, Case, Cond, For, Group, If, Unsupported
+from labkit.config.bash_environment import ENV_NAMES, environment_names
+from labkit.config.bash_expand import Expander, Refusal, Shell, UnknownValue, Val, match_pattern, unknown_val
+from labkit.config.bash_parse import AndOr, Pipeline, Simple, parse
 from labkit.config.bash_test import double_bracket
+from labkit.config.bash_tokens import BashSyntaxError, Lit, Token
 
 MAX_STEPS = 200_000  # statements evaluated (a for loop over a long list stays bounded)
 
 
-@dataclass
-class Launch:
-    """The first command that launches verl: its line, every field (program first), the ``VAR=value`` prefix."""
-
-    line: int
-    argv: list[Val]
-    env: dict[str, Val] = field(default_factory=dict)
-
-
-class _Launched(Exception):
-    def __init__(self, launch: Launch) -> None:
-        self.launch = launch
-
-
-ENV_NAMES = re.compile(
-    r"""^\s*env\s*\|\s*awk\s+-F\s*['"]?=['"]?\s+'/(?P<pattern>[^/']+)/\s*\{\s*print\s+\$1;?\s*\}'\s*$"""
-)
-"""The idiom verl's TensorRT-LLM scripts clean the environment with: the names of the variables a pattern matches."""
-BASH_EXPORTS = ("SHLVL", "_", "PWD", "OLDPWD")
-"""What bash itself exports into ``env``'s output."""
-
-
-class Reader(Builtins):
+class Reader(Branches, Builtins):
     """Evaluates statements over ``shell``; ``is_launch(fields)`` tells which command launches verl."""
 
     def __init__(self, shell: Shell, is_launch: Callable[[list[Val]], bool]) -> None:
@@ -75,7 +43,7 @@ class Reader(Builtins):
             return None
         names = ENV_NAMES.match(text)
         if names:
-            return self.environment_names(names.group("pattern"))
+            return environment_names(self.sh, names.group("pattern"))
         try:
             stmts = parse(text)
         except (BashSyntaxError, RecursionError):
@@ -94,18 +62,6 @@ class Reader(Builtins):
         for v in inner.sh.out or []:
             got = got + v
         return None if got.unknown else Val(got.text.rstrip("\n"), assumed=got.assumed)
-
-    def environment_names(self, pattern: str) -> Val | None:
-        """``env | awk -F= '/PATTERN/{print $1}'``: the names of the exported variables PATTERN matches, known only in
-        an environment the caller vouches for whole, and when no variable the script set could be among them."""
-        try:
-            rx = re.compile(pattern)
-        except re.error:
-            return None
-        set_here = {*self.sh.scalars, *self.sh.arrays, *BASH_EXPORTS}
-        if not self.sh.env_complete or any(rx.search(name) for name in set_here):
-            return None
-        return Val("\n".join(sorted(name for name in {*self.sh.env, *self.sh.login} if rx.search(name))))
 
     def run(self, stmts: list) -> Launch | None:
         """The launch bash reaches, or None (``exited``: the line of the ``exit`` that ended the script)."""
@@ -193,25 +149,6 @@ class Reader(Builtins):
             self.sh = keep
 
     # -- branches -------------------------------------------------------------------------------------------------
-    def explore(self, branches: list[Callable[[], int | None]], line: int, why: str) -> int | None:
-        """Run each branch on a copy of the shell; keep the variables every surviving branch agrees on."""
-        base, survivors = self.sh, []
-        for fn in branches:
-            self.sh = base.copy()
-            try:
-                survivors.append((self.sh, fn()))
-            except ScriptExit:
-                continue
-            except _Launched as got:
-                self.sh = base
-                raise Refusal(got.launch.line, f"the launch depends on line {line}: {why}") from None
-        if not survivors:
-            self.sh = base
-            raise ScriptExit(line)
-        self.sh = _merge([s for s, _ in survivors], f"line {line}: {why}")
-        statuses = {st for _, st in survivors}
-        return statuses.pop() if len(statuses) == 1 else None
-
     def if_(self, st: If, k: int) -> int | None:
         if k == len(st.clauses):
             return self.block(st.orelse) if st.orelse is not None else 0
@@ -300,47 +237,6 @@ class Reader(Builtins):
             raise _Launched(Launch(cmd.line, fields, prefix))
         name = fields[0].text if not fields[0].unknown else ""
         return self.builtin(name, fields[1:], cmd, ex)
-
-
-def _merge(shells: list[Shell], why: str) -> Shell:
-    """One shell from the branches' shells: values they agree on stay; others become unknown, with ``why``."""
-    out = shells[0].copy()
-    if len(shells) == 1:
-        return out
-    for name in {n for s in shells for n in s.scalars} | {n for s in shells for n in s.arrays}:
-        values = [s.arrays[name] if name in s.arrays else s.scalars.get(name) for s in shells]
-        if all(v == values[0] for v in values[1:]):
-            continue
-        reason = f"${name} depends on {why}"
-        if all(isinstance(v, list) and len(v) == len(values[0]) for v in values):  # arrays: element by element
-            out.scalars.pop(name, None)
-            out.arrays[name] = [_common([v[k] for v in values], reason) for k in range(len(values[0]))]
-            continue
-        out.arrays.pop(name, None)
-        known = [v for v in values if isinstance(v, Val)]
-        out.scalars[name] = _common(known, reason) if len(known) == len(values) else unknown_val(reason)
-    for s in shells[1:]:
-        for k, v in s.assumed.items():
-            out.assumed.setdefault(k, v)
-        out.nounset = out.nounset or s.nounset
-    if any(s.out != out.out for s in shells):
-        out.out = [unknown_val(f"what is printed depends on {why}")]
-    if any(s.positional != out.positional for s in shells):
-        raise Refusal(0, f"the positional parameters depend on {why}")
-    return out
-
-
-def _common(vals: list[Val], why: str) -> Val:
-    """One value for values that differ: the text they all start with, then an unknown part (so the key of
-    ``key=value`` stays known when only the value differs)."""
-    if all(v == vals[0] for v in vals[1:]):
-        return vals[0]
-    first = vals[0].text
-    n = 0
-    while n < len(first) and all(n < len(v.text) and v.text[n] == first[n] for v in vals[1:]):
-        n += 1
-    prefix = first[:n].split(MARK, 1)[0]
-    return Val(prefix + MARK, unknown=next((v.unknown for v in vals if v.unknown), why))
 
 
 def _why_case(word: Val) -> str:

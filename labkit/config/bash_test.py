@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from labkit.config.bash_expand import Expander, Val, match_pattern
-from labkit.config.bash_lex import Lit, Param, Token
+from labkit.config.bash_tokens import Lit, Param, Token
 
 _FILE_TESTS = set("abcdefghkprstuwxGLNOS")
 _INT_OPS = {"-eq": "==", "-ne": "!=", "-lt": "<", "-le": "<=", "-gt": ">", "-ge": ">="}

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from labkit.config.bash_expand import MARK, Refusal, Shell, Val
-from labkit.config.bash_lex import BashSyntaxError
 from labkit.config.bash_parse import parse
 from labkit.config.bash_reader import Reader
+from labkit.config.bash_tokens import BashSyntaxError
 
 MAX_SCRIPT_BYTES = 128 * 2**10  # verl's longest example script is about 15 KB; read in well under a second at the cap
 ENTRY = re.compile(r"^(verl|recipe)(\.\w+)*\.(main\w*|\w*_main)$")

@@ -23,3 +23,7 @@ class InputError(ValueError):
 
     def __init__(self, message: object = "") -> None:
         super().__init__(clip(str(message)))
+
+
+class ConfigError(InputError):
+    """A config labkit cannot read: unknown key, wrong type, out-of-range size, malformed YAML."""

@@ -16,7 +16,8 @@ from labkit.config.bash_expand import MARK
 from labkit.config.hydra_overrides import HydraError, check_base, split_hydra_args
 from labkit.config.keys import KEYS
 from labkit.config.launch_script import LaunchError, ScriptRead, read_script
-from labkit.config.verl_config import ConfigError, VerlConfig, load_config, load_config_text
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import VerlConfig, load_config, load_config_text
 
 YAML, OVERRIDES = "yaml", "overrides"
 _YAML_START = re.compile(r"^(---|%YAML|\{|[A-Za-z_][\w.-]*\s*:(\s|$))")

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.config.verl_config import VerlConfig
 from labkit.diagnose import gpu_share, oom_answer, run_failures
 from labkit.diagnose.answer_parts import config_notes, offload, predict, report_for, verl_error
 from labkit.diagnose.log_config import RecoveredConfig, build_config, recover_config
@@ -32,6 +31,7 @@ from labkit.diagnose.log_phase import PhaseReading, failing_frame, phase_near
 from labkit.diagnose.log_startup import STAGES, StartupStage, startup_stage
 from labkit.diagnose.oom_match import phase_tensors
 from labkit.diagnose.opening import config_line, memory_line, phase_line
+from labkit.rules.run import Run, as_run
 
 OTHER_ERROR = re.compile(r"(?:^|[\s(])(?:[\w.]+\.)?(?P<exc>\w+(?:Error|Exception))(?:\)|: |$)")
 """An exception that is neither an allocation failure, verl's own message nor a dead worker (a RuntimeError raised
@@ -87,7 +87,7 @@ class Diagnosis:
         return "\n".join([*self.lines[:3], f"diagnosis: {head}", *self.lines[3:]])
 
 
-def _oom(d: Diagnosis, a: AllocationFailure, cfg: VerlConfig | None, model: str | None) -> None:
+def _oom(d: Diagnosis, a: AllocationFailure, cfg: Run | None, model: str | None) -> None:
     d.kind = "oom"
     d.facts["allocation"] = {k: v for k, v in vars(a).items() if v is not None and v != []}
     d.lines += oom_answer.figures(a)
@@ -193,6 +193,7 @@ def diagnose_text(
         rec = RecoveredConfig("the launch script (--config)", list(overrides), rec.profile, rec.notes)
     use = profile or rec.profile or "engine"
     cfg, skipped = build_config(rec.overrides, use) if rec.source else (None, [])
+    run = as_run(cfg) if cfg is not None else None  # the recovered config, resolved once for every part below
     d = Diagnosis("unknown", overrides=rec.overrides, profile=use)
     failures = allocation_failures(lines)
     if not failures:
@@ -216,17 +217,17 @@ def diagnose_text(
     body: list[str] = []
     d.lines = body
     if failures:
-        _oom(d, failures[0], cfg, model)
+        _oom(d, failures[0], run, model)
     elif messages:
-        verl_error(d, messages[0].code, messages[0].text, cfg)
+        verl_error(d, messages[0].code, messages[0].text, run)
     elif host is not None:
         d.kind = "host_oom"
-        body += run_failures.host_lines(host, offload(cfg, model))
+        body += run_failures.host_lines(host, offload(run, model))
         d.explained = True
     elif hangs:
         d.kind = "hang"
         d.facts["nccl"] = [vars(t) for t in hangs]
-        body += run_failures.hang_lines(hangs, cfg.n_gpus if cfg is not None else None)
+        body += run_failures.hang_lines(hangs, run.n_gpus if run is not None else None)
         d.explained = len({(t.group, t.seq) for t in hangs}) > 1
     elif lab:
         d.kind, d.phase = "hang", next((r.stage for r in lab if r.outcome == "waited"), lab[0].stage)
@@ -249,8 +250,8 @@ def diagnose_text(
         body.append("labkit found no failure in this log (it reads CUDA OOM, NCCL timeout, verl's messages, Ray)")
     if stage is not None and stage.cause:
         body.append(f"start-up, {stage.stage}: what usually fails here: {stage.cause}")
-    if d.kind in ("unknown", "hang") and cfg is not None:
-        predict(d, cfg)
+    if d.kind in ("unknown", "hang") and run is not None:
+        predict(d, run)
     metrics = last_metrics(lines)
     if metrics:
         shown = {k: v for k, v in metrics.items() if k in SHOWN}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.config.messages import ConfigError
 from labkit.diagnose.log_config import RecoveredConfig
 from labkit.memory.choice import settings_for
 from labkit.memory.verdict import memory_report
 from labkit.rules.catalogue import entry, message_fields
+from labkit.rules.run import Run
 
 
 def config_notes(rec: RecoveredConfig, profile: str, skipped: list[str]) -> list[str]:
@@ -25,8 +26,8 @@ def config_notes(rec: RecoveredConfig, profile: str, skipped: list[str]) -> list
     return lines + rec.notes
 
 
-def report_for(cfg: VerlConfig | None, model: str | None, capacity: int | None) -> tuple[Any, str | None, str]:
-    """labkit's memory report for the recovered config (None and why not, when it cannot be made)."""
+def report_for(cfg: Run | None, model: str | None, capacity: int | None) -> tuple[Any, str | None, str]:
+    """labkit's memory report for the recovered config's run (None and why not, when it cannot be made)."""
     if cfg is None:
         return None, None, "no config recovered"
     try:
@@ -36,7 +37,7 @@ def report_for(cfg: VerlConfig | None, model: str | None, capacity: int | None) 
     return memory_report(cfg, s), s.model.name, ""
 
 
-def verl_error(d: Any, code: str, text: str, cfg: VerlConfig | None) -> None:
+def verl_error(d: Any, code: str, text: str, cfg: Run | None) -> None:
     d.kind, d.code = "verl_error", code
     e = entry(code)
     d.lines.append(f"verl's {e.exc_type or 'error'} {code}: {e.title} ({e.where}, {e.when})")
@@ -62,7 +63,7 @@ def verl_error(d: Any, code: str, text: str, cfg: VerlConfig | None) -> None:
         d.lines.append(f"  labkit's check of the recovered config finds {got}: the log's config may be incomplete")
 
 
-def predict(d: Any, cfg: VerlConfig) -> None:
+def predict(d: Any, cfg: Run) -> None:
     """A log without verl's message but with a config: what labkit's check says verl raises for it."""
     from labkit.validate.report import check
 
@@ -77,7 +78,7 @@ def predict(d: Any, cfg: VerlConfig) -> None:
     )
 
 
-def offload(cfg: VerlConfig | None, model: str | None) -> dict[str, Any] | None:
+def offload(cfg: Run | None, model: str | None) -> dict[str, Any] | None:
     """Host bytes each training process keeps with FSDP's CPU offload, for the config's model."""
     if cfg is None:
         return None

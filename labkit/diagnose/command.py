@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
+from labkit.config.messages import ConfigError
 from labkit.config.text_input import read_config_text
-from labkit.config.verl_config import ConfigError
 from labkit.diagnose.answer import diagnose_text
 from labkit.diagnose.log_lines import MAX_LOG_BYTES, LogError
 

@@ -10,8 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.config.messages import ConfigError
 from labkit.config.text_input import read_config_text
-from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.config.verl_config import VerlConfig
 from labkit.diagnose.log_lines import LogLine
 
 HYDRA = re.compile(r"Error executing job with overrides: (\[.*)$")

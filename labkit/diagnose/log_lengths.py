@@ -5,7 +5,7 @@ verdict is priced at what the run met as well as at full width."""
 from __future__ import annotations
 
 from labkit.config.lengths import Uniform
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.diagnose.command import read_log
 from labkit.diagnose.log_lines import LogError, log_lines
 from labkit.diagnose.log_metrics import last_metrics

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.memory.phases import FUSED_CHUNK, PassShape, Phase, head_tokens
+from labkit.memory.head_terms import FUSED_CHUNK, head_tokens
+from labkit.memory.model_catalogue import model_names, model_shape
+from labkit.memory.phase_records import PassShape, Phase
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import model_names, model_shape
 
 LARGE_ROUND = 2 * 2**20
 """PyTorch's caching allocator rounds a large request up to a multiple of 2 MiB before it prints it."""

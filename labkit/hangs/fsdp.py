@@ -21,8 +21,8 @@ from labkit.plan.step import plan
 from labkit.protocol.data_proto import DataProto
 from labkit.rl.actor import ActorWorker
 from labkit.rl.actor_math import ActorSettings
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, register
+from labkit.runtime import dist, process_group
+from labkit.runtime.worker import Dispatch, register
 from labkit.runtime.worker_group import WorkerGroup
 
 MODEL = dict(
@@ -57,7 +57,8 @@ class FSDPHangWorker(ActorWorker):
             entered = (report["micro_batch"] or 0) + 1  # the forward it failed in, and those before it
             out.update(outcome="timeout", error=str(exc)[:300], report=report, micro_batches=entered)
             out["counts"] = {**counts, "all_gather(params)": entered - 1}  # completed; the diagnosis adds the wait
-            waited = dist.state().timeout_s  # gloo gives up after the group's timeout ("Timed out waiting ...ms")
+            # gloo gives up after the group's timeout ("Timed out waiting ...ms")
+            waited = process_group.state().timeout_s
             report.update(waiting_in="all_gather(params)", call=entered, waited_s=waited)
             with dist.where("old_log_prob", entered - 1):
                 dist.note("all_gather(params)", "timeout", time.time() - waited)

@@ -19,8 +19,8 @@ import torch
 
 from labkit.balance.micro_batches import rearrange_micro_batches
 from labkit.rules.collectives import micro_batch_sync_name
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, Worker, register
+from labkit.runtime import dist, meshes
+from labkit.runtime.worker import Dispatch, Worker, register
 
 PARAM_SHARD = 64  # elements of each rank's stand-in parameter shard (all-gathered per forward)
 
@@ -39,18 +39,18 @@ class HangWorker(Worker):
 
     def __init__(self, tp: int = 1) -> None:
         super().__init__()
-        self.mesh = dist.actor_mesh(1)
-        self.dp_rank = dist.dp_rank(self.mesh)
+        self.mesh = meshes.actor_mesh(1)
+        self.dp_rank = meshes.dp_rank(self.mesh)
         self.dp_group = self.mesh.get_group("dp")
         self._register_dispatch_collect_info("actor", dp_rank=self.dp_rank, is_collect=True, sp_rank=0)
-        self.rollout = dist.rollout_mesh(tp)
-        self.tp_rank, self.tp_group = dist.tp_rank(self.rollout), self.rollout.get_group("infer_tp")
+        self.rollout = meshes.rollout_mesh(tp)
+        self.tp_rank, self.tp_group = meshes.tp_rank(self.rollout), self.rollout.get_group("infer_tp")
         self.shard = torch.full((PARAM_SHARD,), float(self.rank))
 
     @classmethod
     def check_world(cls, world_size: int, tp: int = 1, **_: Any) -> None:
         """The rollout mesh's E23 on the driver, before any process starts."""
-        dist.check_rollout_mesh(world_size, tp)
+        meshes.check_rollout_mesh(world_size, tp)
 
     # ---- the collectives of one micro-batch ----------------------------------------------------------------------
     def _forward(self) -> None:
@@ -216,7 +216,7 @@ class HangWorker(Worker):
 
         t0, since, before = time.time(), dist.log_length(), dist.collective_counts()
         own = int(rows_per_rank[self.rank])
-        group_rows = [int(rows_per_rank[r]) for r in dist.group_ranks(self.tp_group)]
+        group_rows = [int(rows_per_rank[r]) for r in meshes.group_ranks(self.tp_group)]
         ids = torch.full((own, width), self.rank, dtype=torch.long)
         with dist.where(stage):
             try:

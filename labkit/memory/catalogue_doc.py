@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from labkit.memory.shapes import DATA, model_names, model_shape
+from labkit.memory.data_tables import DATA
+from labkit.memory.model_catalogue import model_names, model_shape
 
 HEAD = """# Models labkit knows
 

@@ -16,17 +16,18 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import VerlConfig
 from labkit.memory.answer_text import render_text
 from labkit.memory.choice import model_note, settings_for
 from labkit.memory.gpus import gpu, gpu_names
 from labkit.memory.headroom import DEFAULT_GPU
+from labkit.memory.model_catalogue import model_names
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import model_names
 from labkit.memory.step_memory import fill_bytes_predicted
 from labkit.memory.trace_compare import trace_lines, trace_spec
 from labkit.memory.verdict import MemoryReport, memory_report
-from labkit.rules.parallel_layout import ParallelLayout
+from labkit.rules.run import Run, as_run
 from labkit.trace import StepTrace
 
 UNITS = {
@@ -91,7 +92,7 @@ def parse_bytes(text: str) -> int:
     return int(Decimal(m.group(1)) * UNITS[m.group(2).lower()])
 
 
-def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
+def settings_of(cfg: VerlConfig | Run, ns: argparse.Namespace) -> MemorySettings:
     """The settings for parsed CLI options (``labkit.memory.choice.settings_for``, as the dashboard decides)."""
     capacity = parse_bytes(ns.gpu_memory) if ns.gpu_memory is not None else None
     s = settings_for(cfg, ns.model, ns.gpu, capacity, getattr(ns, "margin", None))
@@ -110,19 +111,21 @@ def settings_of(cfg: VerlConfig, ns: argparse.Namespace) -> MemorySettings:
     )
 
 
-def report(cfg: VerlConfig, ns: argparse.Namespace) -> MemoryReport:
-    """The report for parsed CLI options (ConfigError for an unknown model or GPU)."""
-    return memory_report(cfg, settings_of(cfg, ns), ns.lengths)
+def report(cfg: VerlConfig | Run, ns: argparse.Namespace) -> MemoryReport:
+    """The report for parsed CLI options (ConfigError for an unknown model or GPU); a config is resolved once."""
+    resolved = as_run(cfg)
+    return memory_report(resolved, settings_of(resolved, ns), ns.lengths)
 
 
 def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -> int:
     """Print the report (text or --json); 0 when the step fits, 1 when a phase OOMs. With --trace, ``tracer``
     (``labkit.model.trace_runner.run_trace``, passed in by ``labkit.cli``) traces one phase beside the formula."""
-    rep = report(cfg, ns)
-    note = model_note(cfg, ns.model)
+    resolved = as_run(cfg)  # read once; the settings, the report and the note all ask it
+    rep = report(resolved, ns)
+    note = model_note(resolved, ns.model)
     traced = None
     if getattr(ns, "trace", None) is not None and tracer is not None:
-        traced = _trace(cfg, rep, ns.trace, tracer)
+        traced = _trace(rep, ns.trace, tracer)
     if ns.json:
         doc = rep.to_dict()
         if note:
@@ -134,13 +137,13 @@ def run(cfg: VerlConfig, ns: argparse.Namespace, tracer: Tracer | None = None) -
     else:
         if note:
             print(note)
-        print(render_text(rep, ParallelLayout.from_config(cfg)))
+        print(render_text(rep, resolved.layout))
         if traced is not None:
             print("\n".join(trace_lines(rep.settings, traced[0], rep.phases[traced[0]], traced[1], traced[2])))
     return 0 if rep.first_oom is None and rep.verl_error is None else 1
 
 
-def _trace(cfg: VerlConfig, rep: MemoryReport, phase: str, tracer: Tracer) -> tuple[str, dict, dict]:
+def _trace(rep: MemoryReport, phase: str, tracer: Tracer) -> tuple[str, dict, dict]:
     passes = [n for n in rep.phases if n != "generate"]
     if phase == "auto":
         phase = next((n for n in passes if rep.state(n)[0] != "fits"), "update_actor")

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.phases import generate
-from labkit.memory.settings import MemorySettings, compile_key, critic_fsdp
+from labkit.memory.settings import MemorySettings
+from labkit.memory.settings_keys import compile_key, critic_fsdp
 from labkit.memory.step_memory import PASS_KEYS, config_shape
 
 FREE, TIME, COMMUNICATION, DIFFERENT_RUN = 0, 1, 2, 3
@@ -47,7 +48,7 @@ def micro_rows(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate
         return []
     m = config_shape(cfg, phase)[0].rows  # the per-GPU rows, also when a deprecated global size set them
     deprecated = rows_key.removesuffix("_per_gpu")  # verl refuses both set: drop the global size
-    drop = {deprecated: None} if deprecated in cfg.values and cfg.get(deprecated) is not None else {}
+    drop = {deprecated: None} if cfg.is_set(deprecated) and cfg.get(deprecated) is not None else {}
     tries = [{rows_key: r, **drop} for r in (m // 2**k for k in range(1, 12)) if r >= 1]
     update = phase.startswith("update")
     what = "same gradient (more accumulation)" if update else "log-probs unchanged up to bf16 kernel drift"

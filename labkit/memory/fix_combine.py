@@ -14,7 +14,7 @@ from typing import Any
 
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.fix_candidates import KINDS
-from labkit.memory.phases import Phase
+from labkit.memory.phase_records import Phase
 from labkit.memory.settings import MemorySettings
 
 MAX_SET, MAX_TRIES = 4, 48

@@ -35,11 +35,12 @@ def vllm_splits(m: ModelShape, tp: int) -> bool:
 
 
 def lora(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
-    """LoRA adapters (rank 32 on every linear layer) on an FSDP actor trained in full: the base frozen in bf16, no
-    full-size gradients or Adam states, the reference is the actor with adapters off."""
-    if s.lora is not None or cfg.get(f"{ACTOR}.strategy") == "megatron" or phase not in ("generate", *TRAINED):
+    """LoRA adapters (rank 32 on every linear layer) on an actor trained in full: the base frozen in bf16, no
+    full-size gradients or Adam states, the reference is the actor with adapters off. FSDP reads ``model.lora_rank``
+    (PEFT), Megatron ``model.lora.rank`` (Megatron-Bridge, verl 0.9)."""
+    if s.lora is not None or phase not in ("generate", *TRAINED):
         return []
-    key = f"{MODEL}.lora_rank"
+    key = f"{MODEL}.lora.rank" if cfg.get(f"{ACTOR}.strategy") == "megatron" else f"{MODEL}.lora_rank"
     if cfg.release is not None and cfg.release.has_key(key) is False:
         return []  # the release has no LoRA
     try:

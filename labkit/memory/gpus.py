@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import cache
 
-from labkit.memory.shapes import data_table, lookup_entry
+from labkit.memory.data_tables import data_table, lookup_entry
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from labkit.config.keys import ACTOR, ROLLOUT
+from labkit.memory.data_tables import data_table
 from labkit.memory.gpus import gpu
-from labkit.memory.shapes import data_table
+from labkit.rules.geometry import BatchGeometry
 
 MiB, GiB = 2**20, 2**30
 DEFAULT_GPU = "H100-80GB"
@@ -38,17 +38,18 @@ def reported_bytes(name: str) -> tuple[int, str]:
     return g.memory_bytes, f"{g.name}: nominal {g.memory_label} (no nvidia-smi total on record)"
 
 
-def gpu_settings(cfg: Any, name: str | None, capacity: int | None = None, margin_gib: float | None = None) -> dict:
+def gpu_settings(
+    geo: BatchGeometry, name: str | None, capacity: int | None = None, margin_gib: float | None = None
+) -> dict:
     """``MemorySettings`` fields for a GPU: C (``capacity`` when the user gave one, else GPU ``name``'s reported
-    total), the context, cuBLAS, NCCL and reserve terms, the margin. KeyError for an unknown GPU."""
+    total), the context, cuBLAS, NCCL and reserve terms, the margin; the NCCL buffers count the run's communicators
+    (its geometry: the world, the actor's SP group, the rollout's TP group). KeyError for an unknown GPU."""
     f = facts()
     name = name or DEFAULT_GPU
     gpu(name)  # KeyError lists the known GPUs
     c, basis = (capacity, "as given") if capacity is not None else reported_bytes(name)
     basis = basis if capacity is not None else ("as reported" if "nvidia-smi" in basis else "nominal")
-    world = int(cfg.n_gpus)
-    comms = (1 if world > 1 else 0) + (1 if cfg.get(f"{ACTOR}.ulysses_sequence_parallel_size") > 1 else 0)
-    comms += 1 if cfg.get(f"{ROLLOUT}.tensor_model_parallel_size") > 1 else 0
+    comms = (1 if geo.world_size > 1 else 0) + (1 if geo.ulysses_sp > 1 else 0) + (1 if geo.rollout_tp > 1 else 0)
     sm90 = gpu(name).name in f["sm90_gpus"]
     return dict(
         gpu_bytes=int(c),

@@ -176,3 +176,77 @@ def vllm_lora_bytes(m: ModelShape, spec: LoraSpec, b: int, tp: int) -> int:
         for i in range(m.num_hidden_layers)
     ]
     return b * sum(per_layer) // tp
+
+
+ATTENTION_INPUTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+MOE_INPUTS = ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.shared_expert.gate_proj",
+              "mlp.shared_expert.up_proj", "mlp.shared_expert_gate")  # fmt: skip
+
+
+def _rows(m: ModelShape, x: Linear) -> int:
+    """Rows an adapter's A output has per token: a routed expert's linear runs on its tokens only, k·T over the
+    experts of a layer (not E·T); every other linear on every token."""
+    return m.moe.num_experts_per_tok if x.count > 1 and m.moe is not None else 1
+
+
+def _layer_saved(m: ModelShape, index: int, spec: LoraSpec, tokens: int, b: int) -> int:
+    """One decoder layer's saved tensors when only the adapters train (``lora_saved_layer_bytes``)."""
+    names = {x.name for x in spec.targets[index]}
+    h, hd, fp32 = m.hidden_size, m.head_dim, 4 if b < 4 else b
+    q, kv = m.num_attention_heads * hd, m.num_key_value_heads * hd
+    q_out = 2 * q if m.attention_output_gate else q
+    per = 2 * fp32 * h + b * (q_out + q + 2 * kv)  # the norms' fp32 inputs; rotated q, k, v and the attention output
+    per += fp32 * (q + kv) if m.qk_norm and b < 4 else 0  # Qwen3's q/k norms: their fp32 inputs only
+    per += b * h if names & set(ATTENTION_INPUTS) else 0  # the normed input an adapter's A reads
+    per += b * spec.rank * sum(_rows(m, x) for x in spec.targets[index])  # the adapters' A outputs
+    if not m.is_moe_layer(index):
+        i = m.intermediate_size
+        up = "mlp.gate_proj" in names or "mlp.up_proj" in names
+        return tokens * (per + b * h * up + b * (3 if m.gated_mlp else 2) * i + b * i * ("mlp.down_proj" in names))
+    moe = m.moe
+    assert moe is not None
+    k, ie, e = moe.num_experts_per_tok, moe.moe_intermediate_size, moe.num_experts
+    gate, up = "mlp.experts.{e}.gate_proj" in names, "mlp.experts.{e}.up_proj" in names
+    routed = h * (gate or up) + h  # the routed copy an adapter reads; the expert output the routing weight scales
+    routed += 2 * ie * (not (gate and up)) + ie * (gate + up) + ie + ie * ("mlp.experts.{e}.down_proj" in names)
+    per += b * h * bool(names & set(MOE_INPUTS)) + e * 4 + k * (b * routed + 24)  # fp32 router softmax, indices
+    s = moe.shared_expert_intermediate_size
+    if s:
+        per += b * (3 * s + s * ("mlp.shared_expert.down_proj" in names) + h)
+    return tokens * per
+
+
+def lora_saved_layer_bytes(m: ModelShape, spec: LoraSpec, tokens: int, b: int) -> int:
+    """What autograd keeps of the largest decoder layer when the base is frozen and only the adapters train
+    (traced: ``labkit.model.trace_lora``). A frozen linear saves nothing for its own weight, so only what some
+    gradient still needs stays: the norms' fp32 inputs (their bf16 normed copies go: the norm weights are frozen),
+    what attention saves, the MLP's gate and up outputs and the activation; a linear's input only where its adapter's
+    A reads it (the normed hidden state for q/k/v or the MLP, the gated product for down_proj, a MoE's routed copies);
+    and each adapter's r-wide A output (a routed expert's on its k·T rows)."""
+    return max(_layer_saved(m, i, spec, tokens, b) for i in range(m.num_hidden_layers))
+
+
+def _dense_mlp_layers(m: ModelShape, spec: LoraSpec) -> list[set[str]]:
+    """The adapted names of each dense-MLP layer (gated: a MoE layer's and Nemotron-H's MLPs are not in it)."""
+    return [{x.name for x in spec.targets[i]} for i in range(m.num_hidden_layers) if not m.is_moe_layer(i)]
+
+
+def lora_backward_extra_bytes(m: ModelShape, spec: LoraSpec, tokens: int, b: int) -> int:
+    """What the layer being recomputed and backpropagated holds above its saved tensors with the adapters on
+    (traced). Dense: in the MLP's backward the gate and up outputs and the activation wait for three T×I gradients
+    (the gated product's, the activation's and up's), 6·T·I in all whatever is adapted, of which the saved set had
+    3 (4 with down_proj's adapter reading the product, freed by then). MoE: three more k·T×H routed tensors beside
+    the saved routed copy and expert output: the incoming gradient of the routed rows with the index backward's
+    zeros and result, or (down_proj adapted) the recompute's base output, B output and its scaled copy."""
+    names = _dense_mlp_layers(m, spec)
+    dense = tokens * b * m.intermediate_size * max((3 - ("mlp.down_proj" in n) for n in names), default=0)
+    routed = 3 * tokens * b * m.moe.num_experts_per_tok * m.hidden_size if m.num_moe_layers and m.moe else 0
+    return max(dense if m.gated_mlp else 0, routed)
+
+
+def lora_forward_extra_bytes(m: ModelShape, spec: LoraSpec, tokens: int, b: int) -> int:
+    """A dense layer's forward without grad with the adapters on, above the plain one (traced): up_proj's adapter
+    adds its scaled B output and the sum beside the base output while the activation waits (4·T·I, not 3); the other
+    adapters' temporaries fit under the MLP's own."""
+    names = _dense_mlp_layers(m, spec)
+    return tokens * b * m.intermediate_size if any("mlp.up_proj" in n for n in names) else 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from labkit.memory.megatron_params import is_moe_layer, moe_of, stage_layers, widths
+from labkit.memory.megatron_params import widths
+from labkit.memory.megatron_stages import is_moe_layer, moe_of, stage_layers
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
 

@@ -31,8 +31,9 @@ from labkit.memory.megatron_activations import (
     pass_buffers,
     stage_activations,
 )
-from labkit.memory.megatron_params import Residency, approximations, check_groups, residents, stage_layers
-from labkit.memory.phases import Phase
+from labkit.memory.megatron_params import Residency, approximations, check_groups, residents
+from labkit.memory.megatron_stages import stage_layers
+from labkit.memory.phase_records import Phase
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
 

@@ -10,88 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
+from labkit.memory.lora import LoraSpec
+from labkit.memory.megatron_lora import stage_adapters
+from labkit.memory.megatron_stages import is_moe_layer, moe_of, stage_layers
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
-from labkit.rules.pipeline_layout import layout_error, layout_layers
-
-
-def moe_of(m: ModelShape) -> Any:
-    """The model's sparse MLP shape (``labkit.memory.shapes_parts.MoeShape``), or None when dense."""
-    return getattr(m, "moe", None)
-
-
-def is_moe_layer(m: ModelShape, index: int) -> bool:
-    """Layer ``index`` holds the sparse MLP (False for dense models)."""
-    f = getattr(m, "is_moe_layer", None)
-    return bool(f(index)) if f else False
-
-
-def stage_layers(m: ModelShape, layout: ParallelLayout, stage: int) -> tuple[tuple[int, ...], ...]:
-    """The decoder layers of ``stage``, one tuple per model chunk: virtual stage c·PP + r holds
-    L/(PP·V) consecutive layers; with ``num_layers_in_first/last_pipeline_stage`` the first/last stage holds that many
-    and the rest split evenly (``megatron/core/transformer/transformer_block.py: get_num_layers_to_build``); a custom
-    ``pipeline_model_parallel_layout`` places them as it says (``labkit.rules.pipeline_layout``)."""
-    if layout.pipeline_layout is not None:
-        error = layout_error(layout.pipeline_layout, layout.pp, layout.vpp, m.num_hidden_layers)
-        if error:
-            raise ValueError(error)
-        return layout_layers(layout.pipeline_layout, layout.pp, stage)
-    first, last = layout.first_stage_layers, layout.last_stage_layers
-    if first is None and last is None and layout.split_slots:
-        return _slotted_layers(
-            m.num_hidden_layers, layout.pp, layout.vpp or 1, stage, layout.embedding_slot, layout.split_slots
-        )
-    if first is None and last is None:
-        return _stage_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage)
-    return _uneven_layers(m.num_hidden_layers, layout.pp, layout.vpp or 1, stage, first, last)
-
-
-@lru_cache(maxsize=1024)
-def _uneven_layers(total: int, pp: int, v: int, stage: int, first: int | None, last: int | None) -> tuple:
-    if v > 1:
-        raise ValueError("uneven pipeline stages with virtual pipeline stages are not priced")
-    left, stages = total - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
-    if left < 0 or (stages > 0 and left % stages) or (stages == 0 and left):
-        raise ValueError(
-            f"num_layers ({total}) cannot be split as first {first}, last {last} over {pp} pipeline stages"
-        )
-    counts = [left // stages if stages else 0] * pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    start = sum(counts[:stage])
-    return (tuple(range(start, start + counts[stage])),)
-
-
-@lru_cache(maxsize=1024)
-def _slotted_layers(total: int, pp: int, v: int, stage: int, embedding: bool, slots: int) -> tuple:
-    """The even split with the embedding and/or the loss counted as a layer (megatron-core's
-    ``get_num_layers_to_build``): (L + slots)/(PP·V) per virtual stage, one fewer where the embedding (first) or the
-    loss (last virtual stage) sits; layers are laid out in virtual-stage order."""
-    counts = _stage_layers(total + slots, pp, v, 0)  # raises like megatron-core when the split is uneven
-    per = len(counts[0])
-    sizes = [per] * (pp * v)
-    if embedding:
-        sizes[0] -= 1
-    if slots - embedding:
-        sizes[-1] -= 1
-    if min(sizes) < 0:
-        raise ValueError("Not enough layers in the first or last virtual pipeline stage")
-    starts = [sum(sizes[:i]) for i in range(pp * v)]
-    return tuple(tuple(range(starts[c * pp + stage], starts[c * pp + stage] + sizes[c * pp + stage])) for c in range(v))
-
-
-@lru_cache(maxsize=1024)
-def _stage_layers(total: int, pp: int, v: int, stage: int) -> tuple[tuple[int, ...], ...]:
-    if total % (pp * v):
-        raise ValueError(
-            f"num_layers ({total}) must be divisible by pipeline_model_parallel_size ({pp}) × virtual stages ({v})"
-        )
-    per = total // (pp * v)
-    return tuple(tuple(range((c * pp + stage) * per, (c * pp + stage + 1) * per)) for c in range(v))
 
 
 def widths(m: ModelShape, tp: int) -> tuple[int, int, int, int, int]:
@@ -197,6 +121,8 @@ class Residency:
     optimizer: OptimizerBytes = None  # type: ignore[assignment]
     """The actor's optimizer as megatron-core's OptimizerConfig sets it (None: Adam, fp32, all on the GPU)."""
     critic_optimizer: OptimizerBytes = None  # type: ignore[assignment]
+    lora: LoraSpec | None = None
+    """The actor's LoRA adapters (``labkit.memory.megatron_lora``): the base frozen, the reference the actor."""
 
 
 @dataclass(frozen=True)
@@ -212,41 +138,69 @@ class OptimizerBytes:
     exp_avg_sq: int = 4
     gpu_share: float = 1.0
     grad: int = 4
+    main_share: float | None = None
+    """The share of the main params on the GPU where it is not ``gpu_share`` (``cpu_offloaded``)."""
 
     @property
     def per_param(self) -> float:
-        return (self.main + self.exp_avg + self.exp_avg_sq) * self.gpu_share
+        main_share = self.gpu_share if self.main_share is None else self.main_share
+        return self.main * main_share + (self.exp_avg + self.exp_avg_sq) * self.gpu_share
 
 
 ADAM = OptimizerBytes()
 
 
+def cpu_offloaded(fraction: float, precision_aware: bool, grad: int = 4) -> OptimizerBytes:
+    """``optimizer_cpu_offload``: megatron-core's ``HybridDeviceOptimizer`` (``param_update_in_fp32=True``) moves
+    ``fraction`` of the shards' elements to CPU AdamW and keeps fp32 Adam states for the rest, whatever
+    ``exp_avg_dtype``/``exp_avg_sq_dtype`` say (its sub-optimizers get no dtype arguments). Traced (megatron-core
+    0.16.1's optimizer stepped on fake CUDA, ``labkit.model.trace_megatron_optimizer``): without the precision-aware
+    optimizer the ``DistributedOptimizer`` makes the fp32 main shards on the GPU before the hybrid optimizer copies
+    the offloaded ones to the CPU, and they stay: 4 + 8·(1 − fraction) bytes a parameter (4 at fraction 1, not 0);
+    with it the hybrid optimizer makes the fp32 masters itself, on the GPU only for the kept share: 12·(1 − fraction).
+    It offloads whole parameter shards until the fraction is reached, so the GPU keeps at most 1 − fraction (one
+    shard less at worst: the embedding's on the first stage of a model cut to a few layers)."""
+    keep = 1.0 - fraction
+    return OptimizerBytes(gpu_share=keep, grad=grad, main_share=keep if precision_aware else 1.0)
+
+
 def model_states(
-    m: ModelShape, layout: ParallelLayout, stage: int, critic: bool = False, opt: OptimizerBytes | None = None
+    m: ModelShape,
+    layout: ParallelLayout,
+    stage: int,
+    critic: bool = False,
+    opt: OptimizerBytes | None = None,
+    lora: LoraSpec | None = None,
 ) -> dict[str, int]:
     """One model's states on a rank of ``stage``: bf16 params (2 B), main grads (fp32 4 B, unsharded), optimizer
     (``OptimizerBytes``: 12 B fp32 by default, over DP·CP for dense, expert DP for experts, with the distributed
-    optimizer; unsharded without)."""
+    optimizer; unsharded without). With ``lora`` the base is frozen: DDP's grad buffer and the optimizer hold the
+    bf16 adapters only (``labkit.memory.megatron_lora``)."""
     o = opt or ADAM
     phi, experts = stage_params(m, layout, stage, value_head=critic)
+    params = 2 * phi
+    if lora is not None:
+        adapters, adapter_experts = stage_adapters(m, lora, layout, stage)
+        params += 2 * adapters
+        phi, experts = adapters, adapter_experts
     if layout.use_distributed_optimizer:
         dp_cp = max(layout.dp_size * layout.cp, 1)
         shards = (phi - experts) / dp_cp + experts / max(layout.expert_dp_size, 1)
     else:
         shards = phi
-    return {"params": 2 * phi, "grads": o.grad * phi, "optimizer": int(o.per_param * shards)}
+    return {"params": params, "grads": o.grad * phi, "optimizer": int(o.per_param * shards)}
 
 
 def residents(m: ModelShape, layout: ParallelLayout, stage: int, phase: str, r: Residency) -> dict[str, int]:
     """Model states on the GPU during ``phase`` (verl's engine: train mode loads params, grads and optimizer, eval
     mode the params only; everything offloaded goes back to CPU on exit)."""
-    actor = model_states(m, layout, stage, opt=r.optimizer)
+    actor = model_states(m, layout, stage, opt=r.optimizer, lora=r.lora)
     out: dict[str, int] = {}
     on = phase in ("old_log_prob", "update_actor")
     out["bf16_params"] = actor["params"] if on or not r.param_offload else 0
     out["fp32_main_grads"] = actor["grads"] if phase == "update_actor" or not r.param_offload else 0
     out["optimizer_states"] = actor["optimizer"] if phase == "update_actor" or not r.optimizer_offload else 0
-    if r.need_ref:
+    if r.need_ref and r.lora is None:  # LoRA: the reference is the actor with its adapters off (ref_in_actor)
         ref_off = r.param_offload if r.ref_param_offload is None else r.ref_param_offload
         out["ref_bf16_params"] = actor["params"] if phase == "ref_log_prob" or not ref_off else 0
     if r.need_critic:

@@ -14,17 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from labkit.config.keys import ACTOR, ARR, REF
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.memory.headroom import add_headroom
 from labkit.memory.megatron_memory import Recompute, Residency, StageInputs, megatron_memory, residents
-from labkit.memory.megatron_params import OptimizerBytes
-from labkit.memory.phases import Phase, generate
-from labkit.memory.settings import MemorySettings, dtype_bytes, raw_value
+from labkit.memory.megatron_params import OptimizerBytes, cpu_offloaded
+from labkit.memory.phase_records import Phase
+from labkit.memory.phases import generate
+from labkit.memory.settings import MemorySettings
+from labkit.memory.settings_keys import dtype_bytes, raw_value
 from labkit.plan.context import Ctx
 from labkit.plan.megatron_passes import padded_row, sequence_alignment
 from labkit.plan.roles import params
 from labkit.rules.failures import StageFailure
 from labkit.rules.geometry import BatchGeometry, ceil_div
+from labkit.rules.run import as_run
 
 ENGINE_TERMS = ("rollout_weights", "rollout_activations", "kv_cache")
 _ROLE = {
@@ -75,13 +78,14 @@ def optimizer_of(cfg: Any, role: str) -> OptimizerBytes:
         )
     aware = flag("use_precision_aware_optimizer")
     dtypes = {n: _dtype(cfg, base, over, n) if aware else 4 for n in DTYPES}
-    remainders = aware and not offload and str(value("store_param_remainders", True)).lower() != "false"
+    if offload:
+        return cpu_offloaded(fraction, aware, dtypes["main_grads_dtype"])
+    remainders = aware and str(value("store_param_remainders", True)).lower() != "false"
     main = 2 if remainders and dtypes["main_params_dtype"] == 4 else dtypes["main_params_dtype"]
     return OptimizerBytes(
         main=main,
         exp_avg=dtypes["exp_avg_dtype"],
         exp_avg_sq=dtypes["exp_avg_sq_dtype"],
-        gpu_share=1.0 - fraction if offload else 1.0,
         grad=dtypes["main_grads_dtype"],
     )
 
@@ -110,6 +114,7 @@ def residency_of(cfg: Any, s: MemorySettings) -> Residency:
         need_critic=s.need_critic,
         critic_param_offload=bool(g("critic.megatron.param_offload")),
         critic_optimizer_offload=bool(g("critic.megatron.optimizer_offload")),
+        lora=s.lora,
     )
 
 
@@ -166,17 +171,18 @@ def megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any = 
 
 
 def _megatron_phases(cfg: Any, s: MemorySettings, names: list[str], trace: Any) -> dict[str, Phase]:
-    geo = BatchGeometry.from_config(cfg)
+    run = as_run(cfg)
+    geo = run.geometry
     layout = geo.parallel
-    r = residency_of(cfg, s)
+    r = residency_of(run, s)
     passes, hows = {}, {}
     for name in names:
         if name == "generate":
             continue
-        got = trace_inputs(cfg, trace, name, s) if trace is not None else None
+        got = trace_inputs(run, trace, name, s) if trace is not None else None
         if got is None:
             try:
-                got, hows[name] = config_inputs(cfg, geo, name, s)
+                got, hows[name] = config_inputs(run, geo, name, s)
             except StageFailure:  # verl stops before this pass (a micro size it cannot use): nothing to price
                 continue
         else:

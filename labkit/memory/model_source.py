@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from labkit.config.keys import MODEL
-from labkit.config.verl_config import ConfigError
-from labkit.memory.shapes import DATA, ModelShape, model_names, model_shape, shape_from_entry
+from labkit.config.messages import ConfigError
+from labkit.memory.data_tables import DATA
+from labkit.memory.model_catalogue import model_names, model_shape, shape_from_entry
+from labkit.memory.shapes import ModelShape
 from labkit.memory.shapes_hf import TEXT_TYPES
 
 PATH_KEY = f"{MODEL}.path"

@@ -8,13 +8,17 @@ it, ``*_offload`` moves it to CPU otherwise; a sleeping engine (``free_cache_eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from labkit.memory import terms as t
+from labkit.memory import head_terms as h
+from labkit.memory import term_bytes as t
 from labkit.memory.kv_cache import kv_layout
-from labkit.memory.logprob import logprob_peak_bytes
-from labkit.memory.lora import vllm_lora_bytes
+from labkit.memory.lora import (
+    lora_backward_extra_bytes,
+    lora_forward_extra_bytes,
+    lora_saved_layer_bytes,
+    vllm_lora_bytes,
+)
 from labkit.memory.phase_info import model_info, vision_info
+from labkit.memory.phase_records import PassShape, Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import ModelShape
 from labkit.memory.vision import (
@@ -24,41 +28,6 @@ from labkit.memory.vision import (
     vision_patches,
     vision_saved_bytes,
 )
-
-FUSED_CHUNK = 512  # verl FusedLinearForPPO: tokens per chunk of the fused log-prob kernel
-
-
-@dataclass(frozen=True)
-class PassShape:
-    """The largest micro-batch one GPU feeds in a pass: its rows and its tokens (per Ulysses rank, as fed)."""
-
-    rows: int
-    tokens: int
-    real_tokens: int | None = None
-    """The padded path's real tokens among ``tokens`` (None: every token fed is real)."""
-
-
-@dataclass
-class Phase:
-    """One phase on one GPU: the instants' terms, the peak instant and its bytes; ``info`` holds derived facts."""
-
-    name: str
-    instants: dict[str, dict[str, int]]
-    info: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def peak_instant(self) -> str:
-        return max(self.instants, key=lambda k: sum(self.instants[k].values()))
-
-    @property
-    def terms(self) -> dict[str, int]:
-        """The terms live at the peak, largest first (zero terms left out)."""
-        live = self.instants[self.peak_instant]
-        return dict(sorted(((k, v) for k, v in live.items() if v), key=lambda kv: -kv[1]))
-
-    @property
-    def peak_bytes(self) -> int:
-        return sum(self.instants[self.peak_instant].values())
 
 
 def _residents(s: MemorySettings, phase: str) -> dict[str, int]:
@@ -166,113 +135,6 @@ def _start_up_residents(s: MemorySettings) -> int:
     return sum(v for k, v in residents.items() if k in ("params", "critic_params", "ref_params"))
 
 
-def _padded_head(s: MemorySettings, shape: PassShape, vocab: int) -> bool:
-    return not s.remove_padding and not s.fused_kernels and vocab > 1
-
-
-def head_tokens(s: MemorySettings, shape: PassShape, vocab: int) -> int:
-    """Th: the rows the log-probs and the entropy run on; legacy's padded head slices each row's response
-    positions (``logits[:, -response_length - 1 : -1]``), everywhere else every token fed."""
-    if _padded_head(s, shape, vocab) and s.profile == "legacy":
-        return min(shape.tokens, shape.rows * s.response_length)
-    return shape.tokens
-
-
-def _unpadded(s: MemorySettings, shape: PassShape, vocab: int) -> dict[str, int]:
-    """The padded path's copy of the logits the log-probs read: legacy's flash_attn head flattens the response slice
-    (a copy when there are several rows); the engine concatenates the real tokens' rows."""
-    if not _padded_head(s, shape, vocab):
-        return {}
-    if s.profile == "legacy":
-        copied = shape.rows > 1 and s.logprob_kernel == "flash_attn"
-        return {"unpadded_logits": head_tokens(s, shape, vocab) * vocab * s.compute_bytes} if copied else {}
-    return {"unpadded_logits": (shape.real_tokens or shape.tokens) * vocab * s.compute_bytes}
-
-
-def _head(s: MemorySettings, shape: PassShape, vocab: int) -> dict[str, int]:
-    """The log-prob head of a forward-only pass: the logits in the compute dtype (flash_attn's or torch's head add no
-    T×V tensor under no_grad), the padded path's copy, labkit's CPU head its fp32 upcast and log-softmax, the fused
-    kernel one chunk."""
-    b, tokens = s.compute_bytes, shape.tokens
-    if s.fused_kernels and vocab > 1:
-        return {"fused_chunk": _fused_forward_chunk(s, tokens)}
-    logits = {"logits": tokens * vocab * b, **_temperature_copy(s, tokens, vocab), **_unpadded(s, shape, vocab)}
-    if s.logprob_kernel != "full_log_softmax" or vocab == 1:
-        return logits
-    return {**logits, "log_softmax": logprob_peak_bytes(tokens, vocab, b) - tokens * vocab * b}
-
-
-def _fp32_copy(s: MemorySettings) -> int:
-    """Bytes a logit's fp32 upcast takes under autocast (none when the compute dtype is fp32 already)."""
-    return 4 if s.compute_bytes < 4 else 0
-
-
-def _fused_forward_chunk(s: MemorySettings, tokens: int) -> int:
-    """verl's fused head (FusedLinearForPPO, torch backend), one chunk: fp32 logits, softmax and p·z (traced)."""
-    return min(tokens, FUSED_CHUNK) * s.model.vocab_size * (_fp32_copy(s) + 8)
-
-
-def _temperature_copy(s: MemorySettings, tokens: int, vocab: int) -> dict[str, int]:
-    return {"temperature_copy": tokens * vocab * s.compute_bytes} if s.temperature_copy and vocab > 1 else {}
-
-
-def _entropy(s: MemorySettings, tokens: int) -> int:
-    """The forward entropy's tensors beyond the logits (no_grad, or what the forward holds at its peak)."""
-    v, mode = s.model.vocab_size, s.entropy_mode
-    if mode == "fused":
-        return 0
-    if mode == "compiled":  # inductor's fused kernel: three (T, 1) fp32 statistics and the (T,) result
-        return 16 * tokens
-    if mode == "chunked":  # fp32 copy, softmax and p·z of one chunk
-        return min(tokens, s.entropy_chunk_size) * v * (_fp32_copy(s) + 8)
-    # eager (and checkpointed's forward): the softmax and p·z (or logsumexp's fp32 input), fp32 under autocast
-    return 2 * tokens * v * (4 if s.autocast else s.compute_bytes)
-
-
-def _logsumexp_temp(s: MemorySettings, tokens: int) -> dict[str, int]:
-    """The eager entropy's third fp32 T×V tensor under autocast: at ``logsumexp`` the softmax and the fp32 copy of
-    the logits autocast made for it are alive while ATen's composite (``ReduceOps.cpp: logsumexp_out_impl``)
-    allocates ``(x - max).exp_()``, a temporary of the input's size (traced: 2 + 4 + 4 + 4 bytes a logit). Without
-    autocast there is no copy, and the temporary takes only the product's place. The chunked form's fp32 chunk is
-    its own copy (already in ``entropy``)."""
-    if s.entropy_mode not in ("eager", "checkpointed") or not s.autocast or s.compute_bytes >= 4:
-        return {}
-    return {"logsumexp_temp": 4 * tokens * s.model.vocab_size}
-
-
-def _entropy_backward(s: MemorySettings, shape: PassShape) -> dict[str, int]:
-    """The update's head backward with the entropy (traced): what the entropy saved, its backward's fp32
-    temporaries (the softmax and logsumexp backward: a product, a difference, an exp, a product) and the logits'
-    gradients, over the Th rows the entropy ran on. Legacy computes the log-probs first, so what they saved waits
-    for their backward, which runs after the entropy's (the engine computes the entropy first)."""
-    v, b, mode = s.model.vocab_size, s.compute_bytes, s.entropy_mode
-    tokens, logit = head_tokens(s, shape, v), shape.tokens * v * s.compute_bytes
-    if mode == "compiled":  # the kernel's logits gradient, the cross-entropy's (in the logits) and their sum
-        return {"logits": logit, "logits_grad": 2 * logit}
-    held: dict[str, int] = {}
-    if s.profile == "legacy" and s.logprob_kernel == "torch":
-        held = {"log_softmax_rows": 4 * tokens * v}
-    elif s.profile == "legacy":  # flash_attn's input: the logits (packed) or legacy's padded copy
-        held = _unpadded(s, shape, v) if _padded_head(s, shape, v) else {"logits": logit}
-    width = 4 if s.autocast else b  # the entropy's tensors are fp32 under autocast
-    saved = {"entropy_saved": 2 * width * tokens * v}  # the fp32 copy and the softmax, saved for backward
-    grad = tokens * v * b  # the gradient of the rows the entropy ran on
-    if mode == "chunked":  # every chunk's copy and softmax are saved; the backward runs a chunk at a time
-        rows = min(tokens, s.entropy_chunk_size)
-        return {"logits": logit, **held, **saved, "entropy_backward": 4 * width * rows * v, "logits_grad": grad}
-    # the checkpoint keeps its input (every row's logits) for the recompute
-    kept = {"logits": logit} if mode == "checkpointed" else {}
-    return {**kept, **held, **saved, "entropy_backward": 4 * width * tokens * v, "logits_grad": grad}
-
-
-def _fused_backward_chunk(s: MemorySettings, tokens: int, entropy: bool) -> int:
-    """verl's fused head's backward, one chunk: the recomputed logits (bf16 and fp32), the softmax, the one-hot, the
-    gradient's fp32 products and its bf16 cast (traced: FusedLinearForPPO's backward; the entropy's terms reuse the
-    one-hot's and the difference's memory, 2 bytes a logit more)."""
-    per_logit = s.compute_bytes + _fp32_copy(s) + (20 if entropy else 18)
-    return min(tokens, FUSED_CHUNK) * s.model.vocab_size * per_logit
-
-
 def _gathered(s: MemorySettings) -> int:
     return t.gathered_params(s.model, s.compute_bytes, s.gathered_layers) if s.fsdp else 0
 
@@ -296,9 +158,11 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     base = {**_residents(s, name), "gathered_params": _gathered(s)}
     hidden = tok * m.hidden_size * b
     vocab = 1 if name == "values" else m.vocab_size
+    # LoRA: the actor's adapters add to a layer's working set; the reference runs with them off (labkit.memory.lora)
+    lora = lora_forward_extra_bytes(m, s.lora, tok, b) if s.lora is not None and name == "old_log_prob" else 0
     instants = {
-        "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b)},
-        "log_prob": {**base, "activations": hidden, **_head(s, shape, vocab)},
+        "layer_forward": {**base, **_mask(s, tok), "activations": t.forward_layer_bytes(m, tok, b) + lora},
+        "log_prob": {**base, "activations": hidden, **h.head(s, shape, vocab)},
     }
     patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)
     if patches:  # the tower runs first, beside the decoder's input embeddings; its outputs wait through the layers
@@ -306,9 +170,9 @@ def forward_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         instants["layer_forward"]["image_embeds"] = image_embeds_bytes(m, shape.rows, s.image_tokens_per_sample, tok, b)
         instants = {"vision_forward": tower, **instants}
     if name == "old_log_prob" or (name == "ref_log_prob" and s.entropy_always):
-        logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **_temperature_copy(s, tok, vocab)}
-        rows = head_tokens(s, shape, vocab)
-        entropy = {"entropy": _entropy(s, rows), **_logsumexp_temp(s, rows)}
+        logits = {} if s.fused_kernels else {"logits": tok * m.vocab_size * b, **h.temperature_copy(s, tok, vocab)}
+        rows = h.head_tokens(s, shape, vocab)
+        entropy = {"entropy": h.entropy(s, rows), **h.logsumexp_temp(s, rows)}
         instants["entropy"] = {**base, "activations": hidden, **logits, **entropy}
     return Phase(
         name, instants, {**_info(shape), **model_info(m), **vision_info(s.model, shape.rows, s.image_tokens_per_sample)}
@@ -327,42 +191,44 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     ckpt = s.critic_gradient_checkpointing if critic else s.gradient_checkpointing
     base = {**_residents(s, name), "gathered_params": _gathered(s)}
     layer_in = tok * m.hidden_size * b
-    adapter_acts = 0 if critic or s.lora is None else tok * s.lora.rank * b * s.lora.adapters_per_layer
-    if ckpt:  # each adapter also saves its r-wide A output (LoRA)
+    # LoRA: the frozen base saves less, each adapter its r-wide A output (labkit.memory.lora, traced)
+    layer = t.saved_layer_bytes(m, tok, b) if critic or s.lora is None else lora_saved_layer_bytes(m, s.lora, tok, b)
+    grads = 0 if critic or s.lora is None else lora_backward_extra_bytes(m, s.lora, tok, b)
+    if ckpt:
         saved = layer_in if s.activation_offload and not critic else m.num_hidden_layers * layer_in
-        recompute = t.saved_layer_bytes(m, tok, b) + adapter_acts
+        recompute = layer + grads
     else:
-        saved, recompute = m.num_hidden_layers * (t.saved_layer_bytes(m, tok, b) + adapter_acts), 0
+        saved, recompute = m.num_hidden_layers * layer, grads
     patches = vision_patches(m, shape.rows, s.image_tokens_per_sample)  # verl's critic feeds the images too
     vision = {"vision_activations": vision_saved_bytes(m, patches, b, ckpt)} if patches else {}
     # sdpa: without checkpointing every layer's backward keeps its own copy of the dense mask
     masks = {k: v * (1 if ckpt else m.num_hidden_layers) for k, v in _mask(s, tok).items()}
     vocab = 1 if critic else m.vocab_size
-    head, rows = _head(s, shape, vocab), head_tokens(s, shape, vocab)
+    head, rows = h.head(s, shape, vocab), h.head_tokens(s, shape, vocab)
     entropy = s.update_entropy and not critic
     fwd = {**base, "activations": saved, **head}
     if entropy:
-        fwd.update({"entropy": _entropy(s, rows), **_logsumexp_temp(s, rows)})
+        fwd.update({"entropy": h.entropy(s, rows), **h.logsumexp_temp(s, rows)})
     if s.logprob_kernel == "torch" and vocab > 1 and not s.fused_kernels:  # each row's fp32 log-softmax, saved
         fwd["log_softmax_rows"] = 4 * rows * vocab
     # the head's backward: the LM head's (or the tied embedding's) unsharded weight gradient, made by the head's
     # backward matmul from the logits' gradient, and the final norm's fp32 upcast of the hidden state it saved
     lm_head = {
         "lm_head_grad": 0 if s.lora is not None and not critic else m.vocab_size * m.hidden_size * b,  # LoRA: frozen
-        "activations": saved + _fp32_copy(s) * tok * m.hidden_size,
+        "activations": saved + h.fp32_copy(s) * tok * m.hidden_size,
     }
     if vocab == 1:
         back = {"logits_grad": tok * b}
     elif s.fused_kernels:  # a chunk's recomputed logits and their gradient; the hidden states' gradient
         back = {
-            "fused_chunk": _fused_backward_chunk(s, tok, entropy),
+            "fused_chunk": h.fused_backward_chunk(s, tok, entropy),
             "hidden_grad": tok * m.hidden_size * b,
             **lm_head,
         }
         # the chunk's LM-head gradient product beside the dvocab_weights accumulator, the chunk's tensors it reads
         weight_grad = {
             **back,
-            "fused_chunk": min(tok, FUSED_CHUNK) * m.vocab_size * (2 * b + _fp32_copy(s) + 8),
+            "fused_chunk": min(tok, h.FUSED_CHUNK) * m.vocab_size * (2 * b + h.fp32_copy(s) + 8),
             "lm_head_grad": 2 * m.vocab_size * m.hidden_size * b,
         }
     elif s.logprob_kernel == "full_log_softmax":
@@ -372,7 +238,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         if not s.ce_inplace_backward and s.logprob_kernel == "flash_attn":  # before 0.4: a gradient of its own
             back["logits_grad"] = tok * vocab * b
     extra = (
-        {"backward_entropy": {**base, "activations": saved, **_entropy_backward(s, shape)}}
+        {"backward_entropy": {**base, "activations": saved, **h.entropy_backward(s, shape)}}
         if entropy and not s.fused_kernels
         else {}
     )

@@ -12,10 +12,10 @@ from typing import Any
 
 from labkit.config.keys import ACTOR, MODEL, REF, ROLLOUT
 from labkit.config.versions import OLD
-from labkit.memory.lora import LoraError, LoraSpec, lora_spec
-from labkit.memory.shapes import ModelShape, model_shape
-
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "16": 2}
+from labkit.memory.lora import LoraSpec
+from labkit.memory.model_catalogue import model_shape
+from labkit.memory.settings_keys import actor_lora, compile_key, critic_fsdp, dtype_bytes, flag, release_memory
+from labkit.memory.shapes import ModelShape
 
 
 @dataclass(frozen=True)
@@ -235,14 +235,14 @@ class MemorySettings:
                 or g(f"{ACTOR}.entropy_coeff") != 0
                 or (cfg.release is not None and cfg.release.memory.entropy_always)
             ),
-            entropy_compiled=_flag(cfg, compile_key(cfg.profile), True),
+            entropy_compiled=flag(cfg, compile_key(cfg.profile), True),
             entropy_checkpointing=bool(g(f"{ACTOR}.entropy_checkpointing")),
             temperature=float(g(f"{ROLLOUT}.temperature")),
             master_bytes=dtype_bytes(cfg, f"{ACTOR}.fsdp_config.model_dtype", 4),
             critic_master_bytes=dtype_bytes(cfg, f"{critic}.model_dtype", 4),
             # a forward-only model without model_dtype loads in bf16 (the YAML sets fp32 from 0.5)
             ref_bytes=dtype_bytes(cfg, f"{REF}.fsdp_config.model_dtype", 2 if old_release else 4),
-            **_release_memory(cfg),
+            **release_memory(cfg),
             lora=actor_lora(cfg, shape),
             compute_bytes=dtype_bytes(cfg, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype", 2),
             need_ref=cfg.need_reference_policy,
@@ -250,93 +250,3 @@ class MemorySettings:
         )
         values.update(over)
         return cls(**values)
-
-
-def compile_key(profile: str) -> str:
-    """The key that compiles the actor's entropy: the legacy workers' ``actor.use_torch_compile`` (``dp_actor.py``);
-    the engine's own ``actor.fsdp_config.use_torch_compile`` (``engine/fsdp/transformer_impl.py``, not
-    interpolated from the actor's key, which the engine never reads)."""
-    return f"{ACTOR}.use_torch_compile" if profile == "legacy" else f"{ACTOR}.fsdp_config.use_torch_compile"
-
-
-def _release_memory(cfg: Any) -> dict[str, bool]:
-    """The memory behaviour of the release ``--verl`` names (``labkit.config.versions.ReleaseMemory``)."""
-    if cfg.release is None:
-        return {}
-    m = cfg.release.memory
-    return dict(
-        entropy_always=m.entropy_always,
-        ce_inplace_backward=m.ce_inplace_backward,
-        vllm_share_of_free=m.vllm_share_of_free,
-        actor_in_generate=m.actor_in_generate,
-        ref_offloaded=m.ref_offloaded,
-    )
-
-
-def critic_fsdp(profile: str) -> str:
-    """Where the critic's FSDP settings live: ``critic.model.fsdp_config`` (legacy workers), ``critic.fsdp`` (the
-    engine's CriticConfig)."""
-    return "critic.model.fsdp_config" if profile == "legacy" else "critic.fsdp"
-
-
-def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:
-    """The actor's adapters as verl reads them: ``model.lora.rank`` (0.9.1), else ``model.lora_rank``, over
-    ``target_modules``/``exclude_modules`` of the same block; None without LoRA. ConfigError for a negative rank
-    (verl would silently train the whole model) or a target no module has (PEFT's error)."""
-    nested = raw_value(cfg, f"{MODEL}.lora.rank")
-    block = f"{MODEL}.lora." if nested not in (None, 0, "0") else f"{MODEL}."
-    rank = nested if block.endswith("lora.") else raw_value(cfg, f"{MODEL}.lora_rank", 0)
-    try:
-        rank = int(rank)
-    except (TypeError, ValueError):
-        from labkit.config.verl_config import ConfigError
-
-        raise ConfigError(
-            f"'{block}{'rank' if block.endswith('lora.') else 'lora_rank'}' is {rank!r}; verl reads an integer"
-        ) from None
-    if rank == 0:
-        return None
-    targets = raw_value(cfg, f"{block}target_modules", "all-linear")
-    exclude = raw_value(cfg, f"{block}exclude_modules")
-    merge = str(raw_value(cfg, f"{MODEL}.lora.merge", False)).lower() == "true"
-    try:
-        if rank < 0:
-            raise LoraError(
-                f"{block}{'rank' if block.endswith('lora.') else 'lora_rank'}={rank}: verl applies LoRA only for a "
-                "rank above 0 (0: no LoRA); a negative rank would silently train the whole model"
-            )
-        return lora_spec(m, rank, _hashable(targets), _hashable(exclude), merge)
-    except LoraError as exc:
-        from labkit.config.verl_config import ConfigError
-
-        raise ConfigError(str(exc)) from None
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def raw_value(cfg: Any, key: str, default: Any = None) -> Any:
-    """A verl key labkit's config schema does not model, as the user set it (kept among the ignored or added
-    overrides), else ``default`` (``VerlConfig.raw``: the read is recorded)."""
-    return cfg.raw(key, default)
-
-
-def dtype_bytes(cfg: Any, key: str, default: int) -> int:
-    """Bytes of the dtype a key names (verl's ``PrecisionType``: fp32/float32, bf16/bfloat16, fp16/float16), or
-    ``default`` when the key is not set; ConfigError for a name verl would not read."""
-    raw = raw_value(cfg, key)
-    if raw is None:
-        return default
-    text = str(raw).strip().lower().removeprefix("torch.")
-    if text not in DTYPE_BYTES:
-        from labkit.config.verl_config import ConfigError
-
-        raise ConfigError(f"'{key}' is {raw!r}; verl reads fp32, bf16 or fp16 (float32, bfloat16, float16)")
-    return DTYPE_BYTES[text]
-
-
-def _flag(cfg: Any, key: str, default: bool) -> bool:
-    """A boolean verl key labkit's config does not model (kept among the ignored overrides), or verl's default."""
-    raw = cfg.raw(key, default)
-    return raw if isinstance(raw, bool) else str(raw).strip().lower() in ("true", "1", "yes")

@@ -1,34 +1,23 @@
-"""Shapes of real models, read from ``data/model_shapes.json`` (the GPUs' capacities: ``labkit.memory.gpus``).
+"""A model's shapes and parameter counts (``ModelShape``); the catalogue of real models that fills it from
+``data/model_shapes.json`` is ``labkit.memory.model_catalogue`` (the GPUs' capacities: ``labkit.memory.gpus``).
 
 A memory model needs the parameter count split the way FSDP holds it: the embedding, the LM head (absent when tied),
 one decoder layer at a time, and (VL) the vision tower. The counts follow the Hugging Face modules of each
 ``architecture`` (``Qwen2DecoderLayer`` ... ``Qwen3MoeSparseMoeBlock``, ``DeepseekV3Attention``,
 ``Qwen3NextGatedDeltaNet``, ``GptOssAttention``, the Qwen-VL / SigLIP / GLM-4V vision towers); the optional parts live in
-``labkit.memory.shapes_parts``, the config.json reader in ``labkit.memory.shapes_hf``. RoPE has no parameters.
+``labkit.memory.shapes_moe``, ``labkit.memory.shapes_mixers`` and ``labkit.memory.shapes_vision``, the config.json
+reader in ``labkit.memory.shapes_hf``. RoPE has no parameters.
 tests/test_shapes.py checks every count against transformers' own modules and the published figures.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
-from functools import cache, cached_property
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
 
-from labkit.memory.shapes_hf import TEXT_TYPES, shape_fields
-from labkit.memory.shapes_parts import (
-    LinearAttentionShape,
-    MambaShape,
-    MlaShape,
-    MoeShape,
-    V4AttentionShape,
-    VisionShape,
-)
-
-DATA = Path(__file__).resolve().parents[2] / "data"
-ARCHITECTURES = tuple(sorted(TEXT_TYPES - {"gemma3"} | {"gemma3_text"}))
-"""The ``architecture`` values a ModelShape can have (HF model_types; Gemma 3 VL reads as ``gemma3_text``)."""
+from labkit.memory.shapes_mixers import LinearAttentionShape, MambaShape, MlaShape, V4AttentionShape
+from labkit.memory.shapes_moe import MoeShape
+from labkit.memory.shapes_vision import VisionShape
 
 
 @dataclass(frozen=True)
@@ -287,50 +276,3 @@ class ModelShape:
             if self.is_moe_layer(i) == moe and self.layer_type(i) not in ("linear_attention", "mamba"):
                 return i
         return 0
-
-
-@cache
-def data_table(file: str, key: str) -> dict[str, dict[str, Any]]:
-    """``data/<file>``'s ``key`` table, read once."""
-    with open(DATA / file) as f:
-        return json.load(f)[key]
-
-
-def lookup_entry(table: dict[str, dict[str, Any]], name: str, what: str, aliases: bool) -> tuple[str, dict[str, Any]]:
-    """The key and entry ``name`` names (any case; ``aliases``: its source repo id or basename too); KeyError
-    lists the known names."""
-    wanted = name.strip().lower()
-    for key, entry in table.items():
-        names = {key.lower()}
-        if aliases:
-            names |= {entry["source"].lower(), entry["source"].rsplit("/", 1)[-1].lower()}
-        if wanted in names:
-            return key, entry
-    raise KeyError(f"unknown {what} {name!r}; known: {', '.join(table)}")
-
-
-def model_names() -> list[str]:
-    """The models in ``data/model_shapes.json``, in file order."""
-    return list(data_table("model_shapes.json", "models"))
-
-
-def shape_from_entry(key: str, entry: dict[str, Any]) -> ModelShape:
-    """A catalogue entry as a ModelShape: its verbatim ``config`` (config.json keys) read by
-    ``labkit.memory.shapes_hf.shape_fields``, or the flat fields of the first 18 entries."""
-    meta = dict(
-        published_params=int(entry.get("published_params") or 0),
-        source=str(entry.get("source", key)),
-        family=str(entry.get("family", "")),
-        published_active_params=int(entry.get("published_active_params") or 0),
-    )
-    if "config" in entry:
-        return ModelShape(name=key, **shape_fields(entry["config"]), **meta)
-    names = {f.name for f in fields(ModelShape)} - {"name", *meta}
-    return ModelShape(name=key, **{k: v for k, v in entry.items() if k in names}, **meta)
-
-
-@cache
-def model_shape(name: str) -> ModelShape:
-    """The shape of ``name``: a key, its HF repo id or the repo's basename, any case. KeyError lists the known names."""
-    key, entry = lookup_entry(data_table("model_shapes.json", "models"), name, "model", aliases=True)
-    return shape_from_entry(key, entry)

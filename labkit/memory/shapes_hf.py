@@ -10,15 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.memory.shapes_parts import (
-    V4_COMPRESSED,
-    LinearAttentionShape,
-    MambaShape,
-    MlaShape,
-    MoeShape,
-    V4AttentionShape,
-    VisionShape,
-)
+from labkit.memory.shapes_mixers import V4_COMPRESSED, LinearAttentionShape, MambaShape, MlaShape, V4AttentionShape
+from labkit.memory.shapes_moe import MoeShape
+from labkit.memory.shapes_vision import VisionShape
 
 QKV_BIAS = {"qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_moe", "mimo", "glm4", "glm4_moe", "glm4v"}
 """model_types whose q/k/v projections always carry biases (their config has no switch, or defaults it on)."""

@@ -16,12 +16,14 @@ from typing import Any
 from labkit.config.keys import ACTOR, REF, ROLLOUT
 from labkit.memory.headroom import add_headroom
 from labkit.memory.megatron_step import megatron_phases
-from labkit.memory.phases import PassShape, Phase, forward_pass, generate, update_pass
+from labkit.memory.phase_records import PassShape, Phase
+from labkit.memory.phases import forward_pass, generate, update_pass
 from labkit.memory.settings import MemorySettings
 from labkit.plan.context import Ctx
 from labkit.plan.roles import params
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import BatchGeometry, ceil_div
+from labkit.rules.geometry import ceil_div
+from labkit.rules.run import as_run
 from labkit.trace import RankRecord, StepTrace
 
 # phase -> (rows per micro-batch key, dynamic flag key, token budget key, SP key)
@@ -72,22 +74,23 @@ def config_shape(cfg: Any, phase: str, sample_tokens: int | None = None) -> tupl
     full width, or at ``sample_tokens`` (packed rows; a padded row is full width whatever its sample). The keys each
     profile reads are the planner's (``labkit.plan.roles.params``: the engine's old log-prob follows
     actor.use_dynamic_bsz, its critic is dynamic on sp=1, legacy normalises deprecated global sizes)."""
-    geo = BatchGeometry.from_config(cfg)
+    run = as_run(cfg)
+    geo = run.geometry
     try:
-        p = params(Ctx(cfg=cfg, geo=geo, dispatch="mesh", lengths=None), phase)
+        p = params(Ctx(cfg=run, geo=geo, dispatch="mesh", lengths=None), phase)
     except StageFailure:  # a (dp, sp) mesh torch cannot build: verl stops before this pass; size it as sp = 1
         p = None
     sp = max(1, p.sp if p is not None else 1)
     per_rank = max(1, ceil_div(geo.samples, max(1, geo.world_size // sp)))
     if phase.startswith("update"):  # an update's micro-batches are cut from one mini-batch: M·n over the DP ranks
-        mini = cfg.get(f"{'critic' if phase == 'update_critic' else ACTOR}.ppo_mini_batch_size")
+        mini = run.get(f"{'critic' if phase == 'update_critic' else ACTOR}.ppo_mini_batch_size")
         per_rank = min(per_rank, max(1, mini * geo.rollout_n // max(1, geo.world_size // sp)))
     packed = p is None or p.rmpad
     row = min(sample_tokens, geo.width) if sample_tokens and packed else geo.width
     if p is not None and p.dyn and p.budget:
         tokens = min(p.budget * p.budget_sp, per_rank * row)
         how = f"dynamic: budget {p.budget:,} × sp {p.budget_sp} over {sp} SP rank{'s' if sp > 1 else ''}"
-        if cfg.profile == "legacy":
+        if run.profile == "legacy":
             how += " (legacy: a target, a micro-batch can exceed it; --lengths shows by how much)"
         return PassShape(rows=max(1, tokens // row), tokens=ceil_div(tokens, sp)), how
     rows = min(max(1, (p.micro if p is not None else None) or 1), per_rank)
@@ -121,18 +124,15 @@ def phase_of(s: MemorySettings, name: str, shape: PassShape | None) -> Phase:
     return phase
 
 
-def _megatron(cfg: Any) -> bool:
-    return BatchGeometry.from_config(cfg).parallel.is_megatron
-
-
 def step_phases(cfg: Any, s: MemorySettings, sample_tokens: int | None = None) -> dict[str, Phase]:
-    """Every phase of the step from the config alone (worst case: samples at full width; ``sample_tokens``: every
-    sample that long); Megatron's per stage (``labkit.memory.megatron_step``, at full width)."""
-    if _megatron(cfg):
-        return megatron_phases(cfg, s, phase_names(s))
+    """Every phase of the step from the config or its run alone (worst case: samples at full width;
+    ``sample_tokens``: every sample that long); Megatron's per stage (``labkit.memory.megatron_step``, full width)."""
+    run = as_run(cfg)
+    if run.is_megatron:
+        return megatron_phases(run, s, phase_names(s))
     out = {}
     for name in phase_names(s):
-        shape, how = (None, "") if name == "generate" else config_shape(cfg, name, sample_tokens)
+        shape, how = (None, "") if name == "generate" else config_shape(run, name, sample_tokens)
         out[name] = phase_of(s, name, shape)
         if how:
             out[name].info["micro_batch"] = how
@@ -141,18 +141,19 @@ def step_phases(cfg: Any, s: MemorySettings, sample_tokens: int | None = None) -
 
 def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]:
     """Every phase from a trace's micro-batches (the worst GPU of each stage); the config where a stage has none."""
-    geo = BatchGeometry.from_config(cfg)
+    run = as_run(cfg)
+    geo = run.geometry
     if geo.parallel.is_megatron:
-        return megatron_phases(cfg, s, phase_names(s), tr)
+        return megatron_phases(run, s, phase_names(s), tr)
     out = {}
     for name in phase_names(s):
         if name == "generate":
             out[name] = phase_of(s, name, None)
             continue
-        sp = max(1, cfg.get(PASS_KEYS[name][3]))
+        sp = max(1, run.get(PASS_KEYS[name][3]))
         shapes = [x for x in (record_shape(r, geo.width, sp) for r in tr.at(name)) if x is not None]
         if not shapes:
-            shape, how = config_shape(cfg, name)
+            shape, how = config_shape(run, name)
         else:
             shape, how = max(shapes, key=lambda x: x.tokens), "from the plan's micro-batches (largest on any GPU)"
         out[name] = phase_of(s, name, shape)
@@ -167,10 +168,11 @@ def trace_phases(tr: StepTrace, cfg: Any, s: MemorySettings) -> dict[str, Phase]
 def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Sequence[str] | None = None) -> StepTrace:
     """Write each rank record's predicted peak (its own largest micro-batch) into ``bytes_predicted``, in place;
     generate gets the engine phase, stages without memory of their own (or not in ``phases``) stay None."""
-    geo = BatchGeometry.from_config(cfg)
+    run = as_run(cfg)
+    geo = run.geometry
     names = set(phase_names(s)) & (set(phases) if phases is not None else set(ORDER))
     if geo.parallel.is_megatron:  # each rank gets its pipeline stage's peak
-        by_phase = megatron_phases(cfg, s, sorted(names), tr)
+        by_phase = megatron_phases(run, s, sorted(names), tr)
         for rec in tr.ranks:
             p = by_phase.get(rec.stage)
             if p is not None:
@@ -184,7 +186,7 @@ def fill_bytes_predicted(tr: StepTrace, cfg: Any, s: MemorySettings, phases: Seq
         if rec.stage == "generate":
             rec.bytes_predicted = gen
             continue
-        sp = max(1, cfg.get(PASS_KEYS[rec.stage][3]))
-        shape = record_shape(rec, geo.width, sp) or config_shape(cfg, rec.stage)[0]
+        sp = max(1, run.get(PASS_KEYS[rec.stage][3]))
+        shape = record_shape(rec, geo.width, sp) or config_shape(run, rec.stage)[0]
         rec.bytes_predicted = phase_of(s, rec.stage, shape).peak_bytes
     return tr

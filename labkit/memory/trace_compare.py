@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from labkit.memory.phases import PassShape, Phase, forward_pass, update_pass
+from labkit.memory.phase_records import PassShape, Phase
+from labkit.memory.phases import forward_pass, update_pass
 from labkit.memory.settings import MemorySettings
 
 GiB = 2**30
@@ -45,7 +46,7 @@ def traced_instant(p: Phase) -> str:
 def transient_terms(p: Phase, instant: str | None = None) -> dict[str, int]:
     """The terms of ``instant`` (``traced_instant`` by default) that a trace sees: the pass's own tensors, and of
     FSDP's unsharded ``layer_grads`` the one gradient being written (the trace frees each as it is made; a MoE
-    layer's stacked expert weights make that one large: ``labkit.memory.terms.largest_param_grad``)."""
+    layer's stacked expert weights make that one large: ``labkit.memory.term_bytes.largest_param_grad``)."""
     if instant is None:
         instant = traced_instant(p)
     live = p.instants[instant]
@@ -95,7 +96,20 @@ def trace_spec(s: MemorySettings, name: str, p: Phase) -> dict[str, Any]:
         "response_length": min(s.response_length, width - 1) if padded == "legacy" else 0,
         "layers": trace_layers(s),
         **({"image_tokens": s.image_tokens_per_sample} if s.model.vision is not None and not padded else {}),
+        **({"lora": lora_trace(s, name)} if s.lora is not None and name in ACTOR_PASSES else {}),
     }
+
+
+ACTOR_PASSES = ("old_log_prob", "ref_log_prob", "update_actor")
+"""The passes LoRA's adapters are in (the critic has none); the reference runs with them disabled."""
+
+
+def lora_trace(s: MemorySettings, name: str) -> dict[str, Any]:
+    """The adapters for the trace (``labkit.model.trace_lora``): the rank, the linears ``s.lora`` adapts in any
+    layer (``labkit.memory.lora``'s names), enabled but in the reference pass."""
+    assert s.lora is not None
+    names = sorted({x.name for layer in s.lora.targets for x in layer})
+    return {"rank": s.lora.rank, "targets": names, "enabled": name != "ref_log_prob"}
 
 
 TRACE_LAYERS = 4
@@ -132,6 +146,8 @@ def trace_lines(s: MemorySettings, name: str, p: Phase, spec: dict[str, Any], re
         fed = f"{tokens:,} tokens packed in {n} sequences, 1/{spec['sp']} of them on this rank"
     if cut:
         fed += f"; {cut} of its {s.model.num_hidden_layers} decoder layers, the formula for as many"
+    if spec.get("lora"):
+        fed += f"; LoRA rank {spec['lora']['rank']} adapters {'on' if spec['lora']['enabled'] else 'off'}, base frozen"
     lines = [
         f"trace of {name} ({s.model.name}, {fed}; {flags}; fake CUDA, bf16 autocast):",
         f"  traced peak above the weights: {traced / GiB:,.2f} GiB at {result['op']} in {result['module']}",

@@ -27,10 +27,11 @@ from labkit.memory.fix_search import (
 )
 from labkit.memory.headroom import state
 from labkit.memory.model_source import PATH_KEY
-from labkit.memory.phases import Phase
+from labkit.memory.phase_records import Phase
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases, trace_phases
 from labkit.memory.way_out import way_out
+from labkit.rules.run import Run, as_run
 from labkit.trace import StepTrace
 
 GiB = 2**30
@@ -65,6 +66,8 @@ class MemoryReport:
     """When no single fix makes the whole step fit: the cheapest set of them that does (``fix_combine``)."""
     way_out: str | None = None
     """When no fix does, alone or together: what would (more nodes, a larger GPU), or that nothing labkit knows."""
+    run: Run | None = None
+    """The resolved run this answer priced (its layout draws the answer's per-rank lines)."""
 
     @property
     def first_oom_full_width(self) -> str | None:
@@ -127,7 +130,7 @@ def first_oom(s: MemorySettings, phases: dict[str, Phase]) -> str | None:
 
 
 def memory_report(
-    cfg: VerlConfig,
+    cfg: VerlConfig | Run,
     s: MemorySettings,
     lengths: Sequence[int] | str | None = None,
     seed: int = 0,
@@ -137,40 +140,42 @@ def memory_report(
     """The step's phases (from the plan's micro-batches for ``lengths``, else the config's worst case: every sample
     at full width), the verdict and the fixes of every failing phase, the first failing phase's first. ``trace``:
     the plan of ``cfg`` for these lengths when the caller has it already (the dashboard); ``label``: the lengths'
-    name (a profile) when ``lengths`` is the list drawn from it."""
+    name (a profile) when ``lengths`` is the list drawn from it. A config is resolved into its run once, here;
+    every fix is another run (``Run.with_values``)."""
+    run = as_run(cfg)
     if lengths is None:
         evaluate: Evaluate = step_phases
     elif isinstance(lengths, Uniform):  # every sample at the given mean lengths: no plan needed
 
-        def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
+        def evaluate(c: Run, st: MemorySettings) -> dict[str, Phase]:
             return step_phases(c, st, check_uniform(lengths, st.prompt_length, st.response_length).tokens)
 
     else:
         from labkit.plan.step import plan
 
-        base = trace if trace is not None else plan(cfg, lengths, seed=seed)  # settings-only fixes reuse it
+        base = trace if trace is not None else plan(run, lengths, seed=seed)  # settings-only fixes reuse it
 
-        def evaluate(c: VerlConfig, st: MemorySettings) -> dict[str, Phase]:
-            return trace_phases(base if c is cfg else plan(c, lengths, seed=seed), c, st)
+        def evaluate(c: Run, st: MemorySettings) -> dict[str, Phase]:
+            return trace_phases(base if c is run else plan(c, lengths, seed=seed), c, st)
 
-    with cfg.recording() as reads:  # what this answer prices: the settings' keys and the phases'
-        derived(cfg, s)
-        phases = evaluate(cfg, s)
-    not_priced = unpriced(cfg, reads, (PATH_KEY,))
-    full = step_phases(cfg, s) if lengths is not None else phases
-    rejection = verl_rejection(cfg)
+    with run.config.recording() as reads:  # what this answer prices: the run's keys, the settings' and the phases'
+        derived(run, s)
+        phases = evaluate(run, s)
+    not_priced = unpriced(run.config, reads | run.reads, (PATH_KEY,))
+    full = step_phases(run, s) if lengths is not None else phases
+    rejection = verl_rejection(run)
     base_error = rejection[0] if rejection else None
     tried: dict[str, Any] = {}
     failing = [name for name, p in phases.items() if short(s, p)]
-    fixes = [f for name in failing for f in fixes_for(cfg, s, name, evaluate, base_error, tried)]
-    price = partial(priced, cfg, s, evaluate=evaluate, tried=tried)
-    judge = partial(accepted, cfg, base_error)
-    together = combined_fix(cfg, s, phases, fixes, price, short, judge)
+    fixes = [f for name in failing for f in fixes_for(run, s, name, evaluate, base_error, tried)]
+    price = partial(priced, run, s, evaluate=evaluate, tried=tried)
+    judge = partial(accepted, run, base_error)
+    together = combined_fix(run, s, phases, fixes, price, short, judge) if failing else None
     if together is not None:
         together["verl_error"] = verl_error(together.pop("config"))
     stuck = failing and together is None and not any(f["step_fits"] for f in fixes)
     prompt = lengths.prompt if isinstance(lengths, Uniform) else s.prompt_length
-    breaks = {n: break_even(cfg, s, n, prompt) for n, p in full.items() if _fails(s, p) and n != "generate"}
+    breaks = {n: break_even(run, s, n, prompt) for n, p in full.items() if _fails(s, p) and n != "generate"}
     if isinstance(lengths, Uniform):
         packed = ", packed rows" if s.remove_padding else ""
         how = f"{lengths.describe()} ({lengths.source}){packed}; the guarantee is priced at full width too"
@@ -193,5 +198,5 @@ def memory_report(
         s, phases, first_oom(s, phases), fixes, how, base_error, lengths_short=in_brief,
         full_width=full if lengths is not None else None, break_even=breaks, prompt_tokens=prompt,
         not_priced=not_priced, verl_message=rejection[1] if rejection else None, combined_fix=together,
-        way_out=way_out(cfg, s, price, short, judge) if stuck else None,
+        way_out=way_out(run, s, price, short, judge) if stuck else None, run=run,
     )  # fmt: skip

@@ -13,7 +13,7 @@ the same rules from their block layout (APPROXIMATED: not traced).
 from __future__ import annotations
 
 from labkit.memory.shapes import ModelShape
-from labkit.memory.shapes_parts import VisionShape
+from labkit.memory.shapes_vision import VisionShape
 
 RMS_NORMS = ("qwen2_5_vl", "glm4v")
 """Towers whose blocks use an RMSNorm (an fp32 copy, its bf16 cast and the weighted output are saved); the others'

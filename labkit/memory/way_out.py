@@ -13,7 +13,7 @@ from labkit.memory.fix_combine import Judge, Price, Short
 from labkit.memory.fix_scale import vllm_splits
 from labkit.memory.gpus import gpu_names
 from labkit.memory.headroom import gpu_settings
-from labkit.memory.phases import Phase
+from labkit.memory.phase_records import Phase
 from labkit.memory.settings import MemorySettings
 
 MORE_NODES = (1, 2, 4, 8, 16, 32, 64)
@@ -41,7 +41,7 @@ def way_out(cfg: VerlConfig, s: MemorySettings, price: Price, short: Short, acce
                 break
         if tries >= MAX_TRIES:
             break
-    capacities = sorted((gpu_settings(cfg, name)["gpu_bytes"], name) for name in gpu_names())
+    capacities = sorted((gpu_settings(cfg.geometry, name)["gpu_bytes"], name) for name in gpu_names())
     for capacity, name in (c for c in capacities if c[0] > s.gpu_bytes):
         _, new_s, new_phases = price({"gpu_bytes": capacity})
         if not any(short(new_s, p) for p in new_phases.values()):

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).resolve().parent / "_shim" / "fake_cuda_hooks.cpp"
 
@@ -87,3 +88,26 @@ def enable() -> None:
     amp_common.amp_definitely_not_available = lambda: False  # autocast("cuda") checks this before it enables
     torch.cuda.is_bf16_supported = lambda *a, **k: True  # a real H100/H200 supports bf16
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # Hopper: transformers' grouped_mm experts
+
+
+GPU_NATIVE = ("silu_backward",)
+"""Ops with a native CUDA kernel that a CPU build sends to a composite fallback on fake ``cuda`` tensors (more ops,
+more temporaries than a GPU makes): a never-called CUDA kernel restores the GPU's granularity."""
+_LIB: list[Any] = []
+
+
+def gpu_granularity() -> None:
+    """Register ``GPU_NATIVE``'s never-called CUDA kernels once (after torch is imported, on fake ``cuda``)."""
+    import torch
+
+    if _LIB:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a real CUDA kernel was called on fake CUDA")
+
+    for op in GPU_NATIVE:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA"):
+            lib.impl(op, never, "CUDA")
+    _LIB.append(lib)

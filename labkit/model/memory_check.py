@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
-from labkit.memory.phases import PassShape, Phase, forward_pass, hf_generate, update_pass
+from labkit.memory.model_catalogue import model_shape
+from labkit.memory.phase_records import PassShape, Phase
+from labkit.memory.phases import forward_pass, hf_generate, update_pass
 from labkit.memory.settings import MemorySettings
-from labkit.memory.shapes import ModelShape, model_shape
+from labkit.memory.shapes import ModelShape
 from labkit.model.allocation_meter import AllocationMeter
 from labkit.model.logprob import forward_micro_batch
 

@@ -32,9 +32,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from labkit.memory.shapes import ModelShape, model_shape
+from labkit.memory.model_catalogue import model_shape
+from labkit.memory.shapes import ModelShape
+from labkit.model.fake_cuda import gpu_granularity
 from labkit.model.trace_attention import CU, varlen_attention, vision_attention
 from labkit.model.trace_config import VL_TRACEABLE, hf_config, shape_from_dict
+from labkit.model.trace_lora import adapter_states, add_adapters
 from labkit.model.trace_pass import pass_inputs, run_pass
 from labkit.model.trace_vision import VISION_ATTENTION, ImageIndexing, image_inputs
 
@@ -69,6 +72,8 @@ class TraceResult:
     ops: dict[str, int] = field(default_factory=dict)
     """How many times each aten op ran (the op granularity a GPU would see)."""
     stand_ins: tuple[str, ...] = STAND_INS
+    adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA: the adapters' parameter count and the bytes of their fp32 masters, gradients and AdamW states."""
 
 
 class _Tracker(TorchDispatchMode):
@@ -143,26 +148,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-GPU_NATIVE = ("silu_backward",)
-"""Ops with a native CUDA kernel that a CPU build sends to a composite fallback on fake ``cuda`` tensors (more ops,
-more temporaries than a GPU makes): a never-called CUDA kernel restores the GPU's granularity."""
-_LIB: list[Any] = []
-
-
-def _gpu_granularity() -> None:
-    if _LIB:
-        return
-    lib = torch.library.Library("aten", "IMPL")
-
-    def never(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a real CUDA kernel was called on fake CUDA")
-
-    for op in GPU_NATIVE:
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA"):
-            lib.impl(op, never, "CUDA")
-    _LIB.append(lib)
-
-
 def _label(module: Any, name: str, tracker: _Tracker) -> None:
     """Name ``module``'s allocations ``name`` in the trace (its forward, and its recomputation in backward)."""
     before: list[str] = []
@@ -197,6 +182,7 @@ def trace_pass(
     profile: str = "engine",
     layers: int = 0,
     image_tokens: int = 0,
+    lora: dict[str, Any] | None = None,
 ) -> TraceResult:
     """Trace one packed micro-batch of ``seq_lengths`` through ``shape``: forward under no_grad (a log-prob pass)
     or forward + backward (``update``); ``entropy`` none | eager | compiled | chunked (``entropy_chunk`` rows at a
@@ -210,7 +196,8 @@ def trace_pass(
     positions; ``profile``: the order of the head (legacy: log-probs, then the entropy; the engine: the entropy
     first); ``layers`` > 0: build that many decoder layers (the same per-layer peak; a 48-layer MoE in seconds);
     ``image_tokens`` (a VL model, packed, without SP): each sequence opens with an image of that many tokens, which
-    the vision tower encodes first (``labkit.model.trace_vision``)."""
+    the vision tower encodes first (``labkit.model.trace_vision``); ``lora`` {rank, targets, enabled}: PEFT-shaped
+    adapters on a frozen base (``labkit.model.trace_lora``), their model states counted after an update."""
     if padded not in ("", "legacy", "engine") or (padded and (sp > 1 or width < max(seq_lengths))):
         raise ValueError("padded is legacy or engine, without SP, with a width of at least the longest sequence")
     if entropy not in ENTROPY_MODES or head not in ("flash_attn", "torch"):
@@ -228,7 +215,7 @@ def trace_pass(
     AttentionInterface.register("labkit_varlen", varlen_attention)
     AttentionInterface.register(VISION_ATTENTION, vision_attention)
     if device == "cuda":
-        _gpu_granularity()
+        gpu_granularity()
     cfg = hf_config(shape, layers)
     cfg._attn_implementation = "labkit_varlen"
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -249,6 +236,8 @@ def trace_pass(
             p.requires_grad_(update)
             if update:  # FSDP reduce-scatters each unit's gradient and frees the full one
                 p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+        if lora:
+            add_adapters(model, lora, update)
         ids, pos, mask = pass_inputs(seq_lengths, sp, padded, width, device)
         images: dict[str, Any] = {}
         tracker = _Tracker(device)
@@ -275,15 +264,15 @@ def trace_pass(
                 "profile": profile,
             }
             run_pass(model, (ids, pos, mask), update, head_spec, tracker, images)
+        adapters = adapter_states(model) if lora and update else {}
     used = [
         not fused and head == "flash_attn",
         not fused and entropy == "compiled",
         not fused and head == "torch",
     ]
     stand_ins = tuple(name for name, on in zip(STAND_INS, used) if on)
-    return TraceResult(
-        tracker.peak, tracker.peak_op, tracker.peak_module, tracker.peak_alive, weights, tracker.ops, stand_ins
-    )
+    tr = tracker
+    return TraceResult(tr.peak, tr.peak_op, tr.peak_module, tr.peak_alive, weights, tr.ops, stand_ins, adapters)
 
 
 def main() -> None:

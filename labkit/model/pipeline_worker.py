@@ -33,8 +33,8 @@ from labkit.plan.micro_batches import vpp_message
 from labkit.plan.pipeline_schedule import pipeline_schedule
 from labkit.rules.megatron_ranks import megatron_ranks
 from labkit.rules.parallel_layout import MEGATRON, ParallelLayout
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, Worker, register
+from labkit.runtime import dist, process_group
+from labkit.runtime.worker import Dispatch, Worker, register
 
 STAGE = "update_actor"
 EP_NAME = "all_to_all(ep):tokens"
@@ -70,9 +70,9 @@ class PipelineWorker(Worker):
         if key not in self._groups:
             self._groups[key] = tdist.new_group(list(ranks))
             if self.rank in ranks:
-                state = dist.state()
-                timeout = state.timeout_s if state else dist.DEFAULT_COLLECTIVE_TIMEOUT_S
-                dist.set_group_timeout(self._groups[key], timeout)
+                state = process_group.state()
+                timeout = state.timeout_s if state else process_group.DEFAULT_COLLECTIVE_TIMEOUT_S
+                process_group.set_group_timeout(self._groups[key], timeout)
         return self._groups[key]
 
     def _build_groups(self, layout: ParallelLayout) -> dict[str, Any]:
@@ -163,8 +163,8 @@ class _StageRun:
         self.prev, self.next = ranks[(stage - 1) % layout.pp], ranks[(stage + 1) % layout.pp]
         self.dp_group, self.dp_ranks = groups["dp"]
         self.ep_group = groups.get("ep", (None, None))[0]
-        state = dist.state()
-        self.wait = datetime.timedelta(seconds=state.timeout_s if state else dist.DEFAULT_COLLECTIVE_TIMEOUT_S)
+        state = process_group.state()
+        self.wait = datetime.timedelta(seconds=state.timeout_s if state else process_group.DEFAULT_COLLECTIVE_TIMEOUT_S)
         self.pending: list[tuple[Any, torch.Tensor, str]] = []  # isend works, their tensors, their names
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}  # (mb, chunk) -> (in, out)
         self.loss = 0.0

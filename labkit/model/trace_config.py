@@ -9,7 +9,9 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from labkit.memory.shapes import ModelShape
-from labkit.memory.shapes_parts import LinearAttentionShape, MambaShape, MlaShape, MoeShape, VisionShape
+from labkit.memory.shapes_mixers import LinearAttentionShape, MambaShape, MlaShape
+from labkit.memory.shapes_moe import MoeShape
+from labkit.memory.shapes_vision import VisionShape
 
 VL_TRACEABLE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 """VL model_types the tracer builds (``Qwen2VLForConditionalGeneration`` ... ``Qwen3VLMoeForConditionalGeneration``:

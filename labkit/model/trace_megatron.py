@@ -203,15 +203,20 @@ def trace_stage(shape: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
 
         vpp = spec.get("vpp") or 1
         with tracker, torch.set_grad_enabled(not forward_only):
-            get_forward_backward_func()(
-                forward_step_func=step,
-                data_iterator=[batches() for _ in range(vpp)] if vpp > 1 else batches(),
-                model=chunks if vpp > 1 else chunks[0],
-                num_microbatches=spec["micro_batches"],
-                seq_length=tokens * cp,
-                micro_batch_size=1,
-                forward_only=forward_only,
-            )
+            if spec["micro_batches"]:  # 0: no pass, the optimizer's step alone (on zero gradients)
+                get_forward_backward_func()(
+                    forward_step_func=step,
+                    data_iterator=[batches() for _ in range(vpp)] if vpp > 1 else batches(),
+                    model=chunks if vpp > 1 else chunks[0],
+                    num_microbatches=spec["micro_batches"],
+                    seq_length=tokens * cp,
+                    micro_batch_size=1,
+                    forward_only=forward_only,
+                )
+        if spec.get("optimizer") is not None and not forward_only:  # one step of megatron-core's own optimizer
+            from labkit.model.trace_megatron_optimizer import traced_optimizer
+
+            states.update(traced_optimizer(chunks, spec["optimizer"]))
     top = sorted(tracker.at_peak.items(), key=lambda kv: -kv[1][1])[:24]
     return {**states, "params": n_params, "peak_bytes": tracker.peak, "op": tracker.peak_op, "alive": top}
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from labkit.memory.phases import FUSED_CHUNK
+from labkit.memory.head_terms import FUSED_CHUNK
 from labkit.model.trace_attention import CU
 from labkit.model.trace_heads import FlashCrossEntropy, FusedLinearPPO, entropy_of, logprobs_rows
 

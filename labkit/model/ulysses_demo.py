@@ -73,9 +73,10 @@ def sp_rank_main(rank: int, sp: int, port: int, payload: dict, out_q: Any) -> No
         from labkit.model.ulysses import apply_ulysses_patch, ulysses_pad_and_slice_inputs
         from labkit.model.ulysses_communications import SeqAllToAll
         from labkit.runtime import dist as ldist
+        from labkit.runtime import meshes, process_group
 
-        ldist.init_dist(rank, sp, port, timeout_s=payload["timeout_s"])
-        group = ldist.actor_mesh(sp=sp)["sp"].get_group()
+        process_group.init_dist(rank, sp, port, timeout_s=payload["timeout_s"])
+        group = meshes.actor_mesh(sp=sp)["sp"].get_group()
         ids = torch.tensor([payload["demo_ids"]])
         local, _, pad = ulysses_pad_and_slice_inputs(ids, None, sp_size=sp, sp_rank=rank)
         res["demo_slice"], res["demo_pad"] = local[0].tolist(), pad
@@ -103,7 +104,7 @@ def sp_rank_main(rank: int, sp: int, port: int, payload: dict, out_q: Any) -> No
         res["collectives"] = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if c1.get(k, 0) - c0.get(k, 0)}
         res["log_probs"] = lp.numpy()
         ldist.barrier()
-        ldist.teardown()
+        process_group.teardown()
     except BaseException:  # report, never leave the parent waiting for its timeout
         res = {"error": traceback.format_exc()}
     report_and_exit(out_q, rank, res)
@@ -124,14 +125,14 @@ def spawn_ranks(target: Any, world_size: int, payload: dict, timeout_s: float) -
     ``timeout_s``, RuntimeError if a rank died without a result or reported an ``error`` traceback."""
     import torch.multiprocessing as mp
 
-    from labkit.runtime import dist as ldist
+    from labkit.runtime import process_group
 
-    ldist.check_timeout("timeout_s", timeout_s)
+    process_group.check_timeout("timeout_s", timeout_s)
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
-    port = ldist.free_port()
+    port = process_group.free_port()
     procs = [
         ctx.Process(target=target, args=(r, world_size, port, payload, out_q), daemon=True) for r in range(world_size)
     ]
@@ -185,7 +186,7 @@ def run_sp_demo(
     from labkit.model.logprob import forward_micro_batch
     from labkit.model.tiny_model import load_tiny_model
     from labkit.model.ulysses import check_ulysses_heads
-    from labkit.runtime.dist import check_timeout
+    from labkit.runtime.process_group import check_timeout
 
     if not isinstance(sp, int) or sp < 2:
         raise ValueError(f"run_sp_demo needs sp >= 2 ranks, got sp={sp!r}")

@@ -19,6 +19,7 @@ from typing import Any
 from labkit.balance.micro_batches import plan_dp_micro_batches
 from labkit.plan.step import plan
 from labkit.rules.dp_sync import dp_group_passed
+from labkit.rules.run import as_run
 
 DYNAMIC_STAGES = ("old_log_prob", "ref_log_prob", "update_actor", "values", "update_critic")
 FIX = {
@@ -169,13 +170,13 @@ def stage_budgets(cfg: Any) -> tuple[dict[str, int], int]:
     from labkit.plan.context import Ctx
     from labkit.plan.roles import params
     from labkit.rules.failures import StageFailure
-    from labkit.rules.geometry import BatchGeometry
 
-    geo = BatchGeometry.from_config(cfg)
-    ctx = Ctx(cfg=cfg, geo=geo, dispatch="mesh", lengths=None)
+    run = as_run(cfg)
+    geo = run.geometry
+    ctx = Ctx(cfg=run, geo=geo, dispatch="mesh", lengths=None)
     budgets = {}
     for stage in DYNAMIC_STAGES:
-        if stage in ("values", "update_critic") and not cfg.need_critic:
+        if stage in ("values", "update_critic") and not run.need_critic:
             continue
         try:
             p = params(ctx, stage)
@@ -199,18 +200,17 @@ def config_risks(
     share of draws that trigger each risk); None: only (c), which needs no lengths (``trace``: ``plan(cfg)``
     when the caller has it already). ``time_budget_s``: stop drawing once it is spent (after ``MIN_DRAWS``); each
     risk says over how many draws its probability was taken. The engine syncs the count over its DP group: only (c)
-    can happen there, and nothing is drawn."""
-    if lengths is None or dp_group_passed(cfg.profile):  # (a) and (b) are legacy's; (c) needs no lengths
-        return trace_risks(trace if trace is not None else plan(cfg), [], {}, None)
-    budgets, width = stage_budgets(cfg)
+    can happen there, and nothing is drawn. A config is resolved once, here; every draw's plan takes the run."""
+    run = as_run(cfg)
+    if lengths is None or dp_group_passed(run.profile):  # (a) and (b) are legacy's; (c) needs no lengths
+        return trace_risks(trace if trace is not None else plan(run), [], {}, None)
+    budgets, width = stage_budgets(run)
     if not budgets:  # no dynamic stage: only (c) can happen
-        return trace_risks(plan(cfg, lengths if not isinstance(lengths, str) else None), [], {}, width)
+        return trace_risks(plan(run, lengths if not isinstance(lengths, str) else None), [], {}, width)
     if not isinstance(lengths, str):
-        trace = plan(cfg, lengths)
+        trace = plan(run, lengths)
         return trace_risks(trace, list(lengths), budgets, width)
-    from labkit.rules.geometry import BatchGeometry
-
-    geo = BatchGeometry.from_config(cfg)
+    geo = run.geometry
     hits: dict[tuple[str, str], list] = {}
     start, done = time.perf_counter(), 0
     for k in range(draws):
@@ -218,7 +218,7 @@ def config_risks(
             break
         done += 1
         drawn = geo.lengths(lengths, seed + k)
-        trace = plan(cfg, drawn)
+        trace = plan(run, drawn)
         for risk in trace_risks(trace, drawn, budgets, width):
             hits.setdefault((risk.kind, risk.stage), []).append(risk)
     out = []

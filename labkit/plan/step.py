@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.plan import rollout_stages as S
 from labkit.plan import train_stages as T
 from labkit.plan import v1_stages as V
@@ -23,8 +23,9 @@ from labkit.plan.context import Ctx
 from labkit.plan.megatron_passes import MICROBATCH_GROUP, layout_groups, megatron_summary, update_schedule, vpp_group
 from labkit.rules.collectives import COLLECTIVES
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import ARR, BatchGeometry, uses_agent_loop
+from labkit.rules.geometry import ARR
 from labkit.rules.megatron_ranks import layout_check
+from labkit.rules.run import Run, as_run
 from labkit.rules.v1_loop import LOOP_TITLES
 from labkit.trace import StepTrace
 
@@ -42,12 +43,11 @@ def findings_of(cfg: Any, max_seq_len: int | None = None) -> tuple[list[dict] | 
     return [asdict(f) if is_dataclass(f) else dict(vars(f)) for f in report.findings], report
 
 
-def _steps(
-    cfg: Any, loop: str = "v0", actor_updates: bool = True
-) -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
-    """The stages of one step in the order the trainer loop runs them (legacy and v0: RayPPOTrainer.fit; v1:
-    PPOTrainer._step_once); ``actor_updates`` False (a step before ``trainer.critic_warmup``): the actor's update
-    is skipped, as both loops skip it."""
+def _steps(run: Run) -> list[tuple[str, Callable[[Ctx, StepTrace], None]]]:
+    """The stages of one step in the order the run's trainer loop runs them (legacy and v0: RayPPOTrainer.fit; v1:
+    PPOTrainer._step_once); at a step before ``trainer.critic_warmup`` the actor's update is skipped, as both loops
+    skip it."""
+    loop, actor_updates = run.loop, run.geometry.actor_updates
     if loop == "v1":
         steps = [
             ("dataloader", V.dataloader),
@@ -63,18 +63,18 @@ def _steps(
         steps = [
             ("dataloader", S.dataloader),
             ("repeat", S.repeat),
-            *([("agent_loop", S.agent_loop)] if uses_agent_loop(cfg) else []),
+            *([("agent_loop", S.agent_loop)] if run.geometry.agent_loop else []),
             ("generate", S.generate),
             ("balance", S.balance),
             ("reward", S.reward),
             ("old_log_prob", lambda c, t: T.forward_stage(c, t, "old_log_prob")),
         ]
-    if cfg.need_reference_policy:
+    if run.need_reference_policy:
         steps.append(("ref_log_prob", lambda c, t: T.forward_stage(c, t, "ref_log_prob")))
-    if cfg.need_critic:
+    if run.need_critic:
         steps.append(("values", lambda c, t: T.forward_stage(c, t, "values")))
     steps.append(("advantage", V.advantage if loop == "v1" else S.advantage))
-    if cfg.need_critic:
+    if run.need_critic:
         steps.append(("update_critic", lambda c, t: T.update_stage(c, t, "update_critic")))
     steps.append(
         ("update_actor", (lambda c, t: T.update_stage(c, t, "update_actor")) if actor_updates else T.no_update)
@@ -177,7 +177,7 @@ def plan(
     global_step: int = 1,
     failed_sessions: Sequence[int] = (),
 ) -> StepTrace:
-    """Predict one training step of ``cfg`` (a ``labkit.config.verl_config.VerlConfig``) per stage and per rank.
+    """Predict one training step of ``cfg`` (a ``VerlConfig``, resolved once here, or its ``Run``) per stage and per rank.
 
     ``lengths``: None (rows only), B·n explicit token counts, or a profile name of ``data/length_profiles.json``
     drawn with ``seed``. ``dispatch``: "mesh" (nd dispatch, v0.6+) or "all_gather" (≤v0.5 DP_COMPUTE_PROTO + TP/SP
@@ -209,18 +209,19 @@ def _plan(
     global_step: int = 1,
     failed_sessions: Sequence[int] = (),
 ) -> StepTrace:
-    geo = BatchGeometry.from_config(cfg, global_step, failed_sessions)
+    run = as_run(cfg, global_step, failed_sessions)
+    geo = run.geometry
     too_large = geo.too_large_to_plan()
     if too_large:
         raise PlanTooLarge(too_large)
     generated = geo.lengths(lengths, seed)
-    ctx = Ctx(cfg=cfg, geo=geo, dispatch=dispatch, lengths=generated)
+    ctx = Ctx(cfg=run, geo=geo, dispatch=dispatch, lengths=generated)
     if geo.loop == "v1":
         V.arrange_rows(ctx, generated, completion_order)
     elif completion_order is not None:
         raise ValueError("completion_order applies to the v1 loop only (trainer.use_v1=true, engine profile)")
-    tr = StepTrace(profile=cfg.profile, source="plan")
-    for name, step in _steps(cfg, geo.loop, geo.actor_updates):
+    tr = StepTrace(profile=run.profile, source="plan")
+    for name, step in _steps(run):
         try:
             step(ctx, tr)
         except StageFailure as fail:
@@ -237,7 +238,7 @@ def _plan(
     tr.summary["stage_errors"] = ctx.errors
     tr.summary["global_step"], tr.summary["failed_sessions"] = geo.global_step, list(geo.failed_sessions)
     try:
-        findings, report = findings_of(cfg, None if ctx.lengths is None else max(ctx.lengths))
+        findings, report = findings_of(run, None if ctx.lengths is None else max(ctx.lengths))
     except Exception as exc:  # noqa: BLE001 - a validate bug must not hide the plan; shown in the summary
         findings, report = None, None
         tr.summary["validate_crashed"] = f"{type(exc).__name__}: {exc}"

@@ -1,5 +1,7 @@
 """Planner stages on the actor/critic meshes: old_log_prob, ref_log_prob, values (forward only) and update_actor,
 update_critic (mini-batches, gradient accumulation, loss scale). Rows 7–9 and 11–12 of "Pipeline at a glance".
+An update's mini-batch arithmetic and per-rank records are ``labkit.plan.update_batches``; a pass's collectives
+``labkit.plan.train_collectives``.
 
 Mirrors verl/workers/fsdp_workers.py (legacy normalization), verl/workers/actor/dp_actor.py: compute_log_prob /
 update_policy (legacy) and verl/workers/engine_workers.py: TrainingWorker.train_mini_batch (engine).
@@ -7,11 +9,10 @@ update_policy (legacy) and verl/workers/engine_workers.py: TrainingWorker.train_
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import accumulate
 
 from labkit.plan.context import Ctx
-from labkit.plan.megatron_passes import forward_collectives, megatron_coords, optimizer_collectives
+from labkit.plan.megatron_passes import optimizer_collectives
 from labkit.plan.micro_batches import (
     check_vpp_groups,
     dynamic_partitions,
@@ -20,10 +21,11 @@ from labkit.plan.micro_batches import (
     static_partitions,
 )
 from labkit.plan.roles import TITLES, Params, params
+from labkit.plan.train_collectives import ENGINE_METRIC_COLLS, add_counts, pass_collectives
+from labkit.plan.update_batches import loss_scale, mini_batch_sizes, padding_only_minis, update_rank
 from labkit.rules.catalogue import message
 from labkit.rules.failures import StageFailure, fail_chunk
 from labkit.rules.geometry import ARR
-from labkit.rules.mini_batches import engine_mini, legacy_mini
 from labkit.trace import RankRecord, StageRecord, StepTrace
 
 
@@ -41,38 +43,6 @@ def _cut(ctx: Ctx, p: Params, chunks: list[list[int]]) -> tuple[list | None, dic
     if p.vpp_group and ctx.profile == "engine":
         check_vpp_groups(len(parts[0]), p.vpp_group)
     return parts, {}
-
-
-# engine (0.9.1) TrainingWorker._postprocess_output, once per forward-only call and per update mini-batch
-ENGINE_METRIC_COLLS = {"all_reduce(avg):loss": 1, "all_gather_object(metrics)": 1}
-
-
-def _forward_colls(n_micro: int, sp: int, slice_sp: int) -> dict[str, int]:
-    out = {"all_gather(params)": n_micro}
-    if sp > 1:  # the attention all-to-all runs over the mesh's SP group
-        out["all_to_all(ulysses)"] = n_micro
-        if slice_sp > 1:  # gather_outputs_and_unpad only where the rows were sliced
-            out["all_gather(ulysses_outputs)"] = n_micro
-    return out
-
-
-def _pass_colls(ctx: Ctx, p: Params, rank: int, backward: bool = False) -> dict[str, int]:
-    """One micro-batch's forward (and backward) collectives on ``rank``: FSDP's gathers and Ulysses all-to-alls, or
-    Megatron's TP/SP, CP and pipeline P2P on the rank's stage (``labkit.plan.megatron_passes``)."""
-    if not p.megatron:
-        return _forward_colls(1, p.sp, p.slice_sp)
-    layout = ctx.geo.parallel
-    stage = megatron_coords(layout, rank)["pp"]
-    out = forward_collectives(layout, stage)
-    if backward:
-        _add(out, forward_collectives(layout, stage, backward=True))
-    return out
-
-
-def _add(a: dict[str, int], b: dict[str, int], times: int = 1) -> None:
-    for k, v in b.items():
-        if v:
-            a[k] = a.get(k, 0) + v * times
 
 
 def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
@@ -130,13 +100,13 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
             if sp > 1:
                 coll["all_gather(data_proto)"] = 1
         if parts is not None:
-            _add(coll, sync)
+            add_counts(coll, sync)
             if ctx.profile == "engine":
                 coll["all_reduce(sum):batch_num_tokens"] = 1
-            one = _pass_colls(ctx, p, rank)
-            _add(coll, one, len(micro))
+            one = pass_collectives(ctx, p, rank)
+            add_counts(coll, one, len(micro))
             if ctx.profile == "engine":
-                _add(coll, ENGINE_METRIC_COLLS)
+                add_counts(coll, ENGINE_METRIC_COLLS)
         if per_sp is not None:
             extra["tokens_per_gpu" if p.megatron else "tokens_per_sp_rank"] = per_sp
         extra.update(ctx.megatron_extra(rank))
@@ -160,69 +130,6 @@ def forward_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
         )
 
 
-def _minis(ctx: Ctx, name: str, sp: int, D: int, m: int | None) -> tuple[int, str, Callable[[int], list[int]]]:
-    """Per-rank mini size, its formula, and rows -> mini-batch rows per epoch.
-
-    Legacy worker init (before any dispatch): M′ = (M·n)//(W//sp) with E20/E21/E22; engine ``train_mini_batch``
-    (after dispatch): (M·n)/D with E28, then the iterator's E29.
-    """
-    M = ctx.get(f"{ARR}.actor.ppo_mini_batch_size" if name == "update_actor" else "critic.ppo_mini_batch_size")
-    total = M * ctx.geo.rollout_n
-    if ctx.profile == "legacy":
-        # m == 0: a deprecated global micro size floor-divided to 0 (E11 is skipped when dynamic) -> X1
-        mini = legacy_mini(M, ctx.geo.rollout_n, ctx.geo.world_size, sp, m, actor=name == "update_actor")
-        text = f"M′ = (M·n)//(W//sp) = ({M}·{ctx.geo.rollout_n})//({ctx.geo.world_size}//{sp}) = {mini}"
-
-        def legacy(rows: int) -> list[int]:
-            if mini == 0:  # the critic has no E20: update_critic's DataProto.split(0) fails (after dispatch)
-                raise StageFailure("X2", "ValueError", "range() arg 3 must not be zero")
-            return [mini] * (rows // mini) + ([rows % mini] if rows % mini else [])
-
-        return mini, text, legacy
-
-    def engine(rows: int) -> list[int]:
-        mini = engine_mini(M, ctx.geo.rollout_n, D, rows)
-        return [mini] * (rows // mini)
-
-    return total // D, f"mini = (M·n)/D = ({M}·{ctx.geo.rollout_n})/{D} = {total / D:g}", engine
-
-
-def padding_only_minis(ctx: Ctx, chunks: list[list[int]], minis: list[int]) -> int:
-    """v1: how many global mini-batches hold synthetic padding rows only on every DP rank (their loss mask sums to
-    0, so token-mean is 0/0). Rows are cut into mini-batches in rank order (``make_iterator``, no shuffle)."""
-    if not ctx.v1 or not ctx.geo.padding_rows or ctx.rows is None or ctx.lengths is None:
-        return 0
-    starts = [0, *accumulate(minis)]
-    return sum(
-        all(all(ctx.rows[i] is None for i in c[starts[j] : starts[j + 1]]) for c in chunks) for j in range(len(minis))
-    )
-
-
-def loss_scale(ctx: Ctx, name: str, D: int, mini: int, ga: int | None, dyn: bool) -> str:
-    """How one micro-batch's loss is scaled: legacy 1/GA or rows/M′; engine global denominators × D."""
-    if ctx.profile == "legacy":
-        return f"1/GA = 1/{ga}" if not dyn else f"rows_in_micro/M′ = rows/{mini}"
-    mode = ctx.get(f"{ARR}.actor.loss_agg_mode" if name == "update_actor" else "critic.loss_agg_mode")
-    pad = ctx.v1 and ctx.geo.padding_rows > 0
-    if mode == "token-mean":
-        return f"global token mean: Σℓ × D / T_mini = Σℓ × {D} / (mini-batch loss tokens over all DP ranks)" + (
-            " (v1 padding rows: loss mask 0, not in T_mini)" if pad else ""
-        )
-    if mode == "token-sum":
-        return f"Σℓ × D = Σℓ × {D}"
-    tail = ""
-    if mode == "seq-mean-token-sum-norm":
-        factor = ctx.get(f"{ARR}.actor.loss_scale_factor") if name == "update_actor" else None
-        if factor:
-            tail = f" / loss_scale_factor {factor}"
-        elif ctx.v1:  # v1's rows are nested: the padded loss mask is as wide as the micro-batch's longest response
-            tail = " / (the micro-batch's longest response: v1 rows are unpadded)"
-        else:
-            tail = f" / response_length {ctx.geo.response_length}"
-    fixed = " (v1 padding rows counted: M·n is fixed)" if pad else ""
-    return f"{mode}: Σ_seq / (M·n) × D = Σ_seq / {mini * D} × {D}{tail}{fixed}"
-
-
 def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     """Rows 11–12: mini-batches per epoch, micro-batches (GA) per mini-batch, optimizer steps, loss scale,
     collectives."""
@@ -232,7 +139,7 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     p = params(ctx, name)
     rec.keys, rec.where = p.keys + ["ppo_mini_batch_size", "ppo_epochs"], p.where
     sp, D, rmpad, dyn, m = p.sp, p.D, p.rmpad, p.dyn, p.micro
-    mini, text, split = _minis(ctx, name, sp, D, m)  # legacy asserts at worker init, before any dispatch
+    mini, text, split = mini_batch_sizes(ctx, name, sp, D, m)  # legacy asserts at worker init, before any dispatch
     if ctx.dispatch == "all_gather" and ctx.geo.samples % ctx.geo.world_size:  # ≤v0.5 DP_COMPUTE_PROTO chunks by W
         raise fail_chunk(ctx.geo.samples, ctx.geo.world_size)
     chunks = ctx.dp_chunks(D)
@@ -292,16 +199,16 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
     for rank in range(ctx.geo.world_size):
         dp, spr = ctx.train_rank(rank, sp)
         if dp not in per_dp:
-            per_dp[dp] = _update_rank(
+            per_dp[dp] = update_rank(
                 ctx, dp, chunks[dp], per_mini, starts, minis, sp, rmpad, mini, m, dyn, epochs, p.megatron
             )
         micro_all, ga_list, scales, coll, per_micro = per_dp[dp]
         coll = dict(coll)
         if p.megatron:  # Megatron's collectives depend on the rank's pipeline stage, not only on its DP rank
-            one = _pass_colls(ctx, p, rank, backward=True)
+            one = pass_collectives(ctx, p, rank, backward=True)
             per_micro = [one] * len(micro_all)  # one shared dict per rank (read-only)
-            _add(coll, one, len(micro_all))
-            _add(coll, optimizer_collectives(ctx.geo.parallel), steps)
+            add_counts(coll, one, len(micro_all))
+            add_counts(coll, optimizer_collectives(ctx.geo.parallel), steps)
         if ctx.dispatch == "all_gather" and sp > 1:
             coll["all_gather(data_proto)"] = 1
         extra = {"ga_per_mini": ga_list, "optimizer_steps": steps, "epochs": epochs, "dynamic": dyn}
@@ -327,65 +234,6 @@ def update_stage(ctx: Ctx, tr: StepTrace, name: str) -> None:
                 extra=extra,
             )
         )
-
-
-def _update_rank(
-    ctx: Ctx,
-    dp: int,
-    rows_idx: list[int],
-    per_mini: list,
-    starts: list[int],
-    minis: list[int],
-    sp: int,
-    rmpad: bool,
-    mini: int,
-    m: int | None,
-    dyn: bool,
-    epochs: int,
-    megatron: bool = False,
-) -> tuple[list, list, list, dict]:
-    """One DP rank's update: micro-batches over all epochs, GA per mini-batch, loss scale per micro, collectives
-    (per rank, and per micro-batch: its forward and backward)."""
-    micro_epoch, ga_epoch, scales, coll, per_micro = [], [], [], {}, []
-    legacy = ctx.profile == "legacy"
-    for j, (parts, sync) in enumerate(per_mini):
-        if parts is None:
-            continue
-        idx = rows_idx[starts[j] : starts[j] + minis[j]]
-        micro, _ = micro_records(ctx, idx, parts[dp], sp, rmpad)
-        micro_epoch.extend(micro)
-        ga_epoch.append(len(micro))
-        if legacy:
-            scales.extend(f"1/{mini // m}" if not dyn else f"{x.rows}/{mini}" for x in micro)
-        _add(coll, sync)
-        if not legacy:
-            _add(coll, {"all_reduce(sum):batch_num_tokens": 1, "all_gather_object(global_token_num)": 1})
-            _add(coll, ENGINE_METRIC_COLLS)
-        n = len(micro)
-        if megatron:  # the pass collectives are the rank's stage's (added per rank by update_stage)
-            continue
-        _add(
-            coll,
-            {
-                "all_gather(params)": n,
-                "all_gather(params):backward": n,
-                "reduce_scatter(grads)": n if legacy else 1,
-                "all_reduce(sum):grad_norm": 1,
-            },
-        )
-        if sp > 1:
-            _add(coll, {"all_to_all(ulysses)": n, "all_to_all(ulysses):backward": n, "all_gather(ulysses_outputs)": n})
-        for i in range(n):  # legacy syncs gradients after every micro-batch, engine only after the last (no_sync)
-            one = {"all_gather(params)": 1, "all_gather(params):backward": 1}
-            if legacy or i == n - 1:
-                one["reduce_scatter(grads)"] = 1
-            if sp > 1:
-                one.update(
-                    {"all_to_all(ulysses)": 1, "all_gather(ulysses_outputs)": 1, "all_to_all(ulysses):backward": 1}
-                )
-            per_micro.append(one)
-    coll = {k: v * epochs for k, v in coll.items()}
-    return micro_epoch * epochs, ga_epoch * epochs, scales * epochs, coll, per_micro * epochs
 
 
 def no_update(ctx: Ctx, tr: StepTrace) -> None:

@@ -1,13 +1,14 @@
 """DataProto: the batch container verl ships between driver and workers (TensorDict rows + numpy non-tensors + meta).
 
-Mirrors verl/protocol.py (verl 0.9.1): same semantics, preconditions and error texts; pickles as numpy arrays only."""
+Holds the container itself: construction and checks, indexing, key-level operations. Its row-level operations
+(chunk, concat, repeat, make_iterator, ...) come from ``labkit.protocol.rows`` and its numpy-only pickling from
+``labkit.protocol.transport``, both mixins. Mirrors verl/protocol.py (verl 0.9.1): same semantics, preconditions and
+error texts; pickles as numpy arrays only."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,16 +20,12 @@ from labkit.protocol.ops import (
     chunk_tensordict,
     common_batch_size,
     deep_equal,
-    dict_of_lists,
-    make_dataproto_iterator,
-    merge_meta_info,
-    tensordict_from_numpy,
-    tensordict_to_numpy,
     union_numpy_dict,
     union_tensor_dict,
     union_two_dict,
 )
-from labkit.rules.catalogue import message
+from labkit.protocol.rows import DataProtoRows
+from labkit.protocol.transport import NumpyTransport
 
 __all__ = [
     "DataProto",
@@ -52,7 +49,7 @@ class DataProtoItem:
 
 
 @dataclass(eq=False)
-class DataProto:
+class DataProto(DataProtoRows, NumpyTransport):
     """Rows with one batch dim: `batch` (TensorDict or None), `non_tensor_batch` (numpy arrays), `meta_info` (dict).
 
     Mirrors verl/protocol.py: DataProto."""
@@ -248,140 +245,6 @@ class DataProto:
             self.batch = self.batch.to(device)
         return self
 
-    # ---- row-level operations (dispatch builds on chunk / concat / len) ------------------------------------------
     def is_padding_enabled(self) -> bool:
         """Per-object meta flag or the global switch. Mirrors DataProto.is_padding_enabled."""
         return bool(self.meta_info.get(AUTO_PADDING_KEY, False)) or DataProtoConfig.auto_padding
-
-    def chunk(self, chunks: int) -> list[DataProto]:
-        """Cut rows into `chunks` consecutive pieces sharing meta_info (E26 unless auto-padding). Mirrors DataProto.chunk."""
-        n = len(self)
-        if not self.is_padding_enabled() and n % chunks != 0:
-            raise AssertionError(message("E26", size=n, chunks=chunks))
-        pieces_nt: list[dict] = [{} for _ in range(chunks)]
-        if self.batch is not None:
-            pieces_td = list(self.batch.chunk(chunks=chunks, dim=0))  # torch.chunk sizes: ceil(n/chunks) each
-            if len(pieces_td) != chunks:
-                raise AssertionError(
-                    f"auto-padding chunk of {n} rows into {chunks} gives only {len(pieces_td)} "
-                    f"pieces of ceil({n}/{chunks}) rows; pad to a multiple of {chunks} first"
-                )
-            bounds = np.cumsum([0] + [p.batch_size[0] for p in pieces_td])
-            for key, val in self.non_tensor_batch.items():
-                for i in range(chunks):
-                    pieces_nt[i][key] = val[bounds[i] : bounds[i + 1]]
-        else:
-            pieces_td = [None] * chunks
-            for key, val in self.non_tensor_batch.items():
-                for i, part in enumerate(np.array_split(val, chunks)):
-                    pieces_nt[i][key] = part
-        return [
-            type(self)(batch=pieces_td[i], non_tensor_batch=pieces_nt[i], meta_info=self.meta_info)
-            for i in range(chunks)
-        ]
-
-    def split(self, split_size: int) -> list[DataProto]:
-        """Consecutive pieces of `split_size` rows, the last may be shorter. Mirrors DataProto.split."""
-        return [self[start : start + split_size] for start in range(0, len(self), split_size)]
-
-    @staticmethod
-    def concat(data: list[DataProto]) -> DataProto:
-        """Stack rows of several DataProtos; meta merged, `metrics` gathered into lists. Mirrors DataProto.concat."""
-        batch = torch.cat([d.batch for d in data], dim=0) if data[0].batch is not None else None
-        non_tensor = {
-            k: np.concatenate(v, axis=0) for k, v in dict_of_lists([d.non_tensor_batch for d in data]).items()
-        }
-        meta = merge_meta_info([d.meta_info for d in data])
-        return type(data[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
-
-    def reorder(self, indices: torch.Tensor) -> None:
-        """Permute rows in place by a torch index tensor. Mirrors DataProto.reorder."""
-        idx_np = indices.detach().numpy()
-        self.batch = self.batch[indices]
-        self.non_tensor_batch = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
-
-    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
-        """interleave: a,a,b,b; else a,b,a,b; meta shared. Mirrors DataProto.repeat."""
-        batch = None
-        if self.batch is not None:
-            if interleave:
-                source = {k: v.repeat_interleave(repeat_times, dim=0) for k, v in self.batch.items()}
-            else:
-                source = {
-                    k: v.unsqueeze(0).expand(repeat_times, *v.shape).reshape(-1, *v.shape[1:])
-                    for k, v in self.batch.items()
-                }
-            batch = TensorDict(source=source, batch_size=(self.batch.batch_size[0] * repeat_times,))
-        non_tensor = {
-            k: np.repeat(v, repeat_times, axis=0) if interleave else np.tile(v, (repeat_times,) + (1,) * (v.ndim - 1))
-            for k, v in self.non_tensor_batch.items()
-        }
-        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
-
-    def sample_level_repeat(self, repeat_times: list[int] | tuple | np.ndarray | torch.Tensor) -> DataProto:
-        """Row i repeated repeat_times[i] times, consecutively. Mirrors DataProto.sample_level_repeat."""
-        if isinstance(repeat_times, (torch.Tensor, np.ndarray)):
-            if len(repeat_times.shape) != 1:
-                raise AssertionError(f"repeat_times must be 1-D, got shape {tuple(repeat_times.shape)}")
-            repeat_times = repeat_times.tolist()
-        elif not isinstance(repeat_times, (list, tuple)):
-            raise AssertionError(
-                f"repeat_times type must be in [list, torch.Tensor, np.ndarray, tuple], got {type(repeat_times)}"
-            )
-        counts = torch.tensor(list(repeat_times))
-        batch = None
-        if self.batch is not None:
-            batch = TensorDict(
-                source={k: v.repeat_interleave(counts, dim=0) for k, v in self.batch.items()},
-                batch_size=(counts.sum().item(),),
-                device=self.batch.device,
-            )
-        non_tensor = {k: np.repeat(v, counts, axis=0) for k, v in self.non_tensor_batch.items()}
-        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
-
-    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
-        """Append `padding_size` copies of the first ("first") or last row, in place. Mirrors DataProto.padding."""
-        if padding_size == 0:
-            return
-        row = self.select_idxs([0 if padding_candidate == "first" else len(self) - 1])
-        padded = DataProto.concat([self, row.repeat(padding_size)])
-        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
-
-    def make_iterator(
-        self,
-        mini_batch_size: int,
-        epochs: int,
-        seed: int | None = None,
-        dataloader_kwargs: dict | None = None,
-        shuffle: bool | None = None,
-    ) -> Iterator[DataProto]:
-        """Mini-batches for `epochs` passes (E29); same DataLoader sampling as verl, so a seed gives verl's order.
-
-        `shuffle` is a shortcut for dataloader_kwargs["shuffle"]. Mirrors DataProto.make_iterator."""
-        return make_dataproto_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs, shuffle)
-
-    # ---- transport: numpy only, so pickles never carry torch tensors (mp queues can hang on them) ---------------
-    def to_numpy_dict(self) -> dict[str, Any]:
-        """Torch-free form {"batch", "non_tensor_batch", "meta_info"}; bf16/fp8 travel as raw bytes."""
-        return {
-            "batch": tensordict_to_numpy(self.batch),
-            "non_tensor_batch": self.non_tensor_batch,
-            "meta_info": self.meta_info,
-        }
-
-    @classmethod
-    def from_numpy_dict(cls, data: dict[str, Any]) -> DataProto:
-        """Inverse of to_numpy_dict (tensors land on the CPU)."""
-        return cls(
-            batch=tensordict_from_numpy(data["batch"]),
-            non_tensor_batch=data["non_tensor_batch"],
-            meta_info=data["meta_info"],
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.to_numpy_dict()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.batch = tensordict_from_numpy(state["batch"])
-        self.non_tensor_batch = state["non_tensor_batch"]
-        self.meta_info = state["meta_info"]

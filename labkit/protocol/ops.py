@@ -1,22 +1,19 @@
-"""Helpers behind labkit.protocol.data_proto: auto-padding switch, union rules, deep equality, TensorDict chunking and
-numpy (de)serialisation. Mirrors verl/protocol.py helpers and verl/utils/tensordict_utils.py: chunk_tensordict."""
+"""Helpers behind labkit.protocol.data_proto: the auto-padding switch, union rules, deep equality and TensorDict
+chunking. They take plain dicts, arrays and TensorDicts, never a DataProto, so the dependency runs one way
+(data_proto and rows import ops). Mirrors verl/protocol.py helpers and verl/utils/tensordict_utils.py:
+chunk_tensordict."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torch.utils.data import DataLoader
 
 from labkit.rules.catalogue import message
-
-if TYPE_CHECKING:
-    from labkit.protocol.data_proto import DataProto
 
 AUTO_PADDING_KEY = "_verl_auto_padding"  # same meta_info key as verl, so a DataProto means the same in both
 AUTO_PADDING_ENV = "VERL_AUTO_PADDING"
@@ -181,79 +178,3 @@ def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
         for i, piece in enumerate(pieces):
             piece[key] = _nested_from_rows(rows[i * rows_per_chunk : (i + 1) * rows_per_chunk], value)
     return pieces
-
-
-def _tensor_to_numpy(t: torch.Tensor) -> tuple[str, Any]:
-    """(dtype name, payload): numpy-native dtypes travel as arrays, others (bf16, fp8) as raw bytes plus shape."""
-    t = t.detach().cpu()
-    name = str(t.dtype).removeprefix("torch.")
-    if t.is_nested:
-        return name, ("nested", str(t.layout).removeprefix("torch."), [_tensor_to_numpy(r) for r in t.unbind(0)])
-    flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.reshape(-1))  # fresh buffer: unit stride, no aliasing
-    try:
-        return name, flat.numpy().reshape(tuple(t.shape))
-    except TypeError:
-        return name, ("bytes", tuple(t.shape), flat.view(torch.uint8).numpy())
-
-
-def _tensor_from_numpy(name: str, payload: Any) -> torch.Tensor:
-    dtype = getattr(torch, name)
-    if isinstance(payload, np.ndarray):
-        # Ray hands over read-only buffers; copy those instead of aliasing memory torch may not write to
-        return torch.from_numpy(payload if payload.flags.writeable else payload.copy())
-    if payload[0] == "nested":
-        rows = [_tensor_from_numpy(n, p) for n, p in payload[2]]
-        return torch.nested.as_nested_tensor(rows, layout=getattr(torch, payload[1]))
-    _, shape, raw = payload
-    if raw.size == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(np.ascontiguousarray(raw)).view(dtype).reshape(shape)
-
-
-def tensordict_to_numpy(td: TensorDict | None) -> dict[str, Any] | None:
-    """Torch-free picture of a one-batch-dim TensorDict: {"batch_size", "tensors": {key: (dtype, payload)}}."""
-    if td is None:
-        return None
-    return {"batch_size": tuple(td.batch_size), "tensors": {k: _tensor_to_numpy(v) for k, v in td.items()}}
-
-
-def tensordict_from_numpy(data: dict[str, Any] | None) -> TensorDict | None:
-    """Inverse of tensordict_to_numpy (tensors land on the CPU)."""
-    if data is None:
-        return None
-    source = {k: _tensor_from_numpy(name, payload) for k, (name, payload) in data["tensors"].items()}
-    return TensorDict(source=source, batch_size=data["batch_size"])
-
-
-def make_dataproto_iterator(
-    data: DataProto,
-    mini_batch_size: int,
-    epochs: int,
-    seed: int | None,
-    dataloader_kwargs: dict | None,
-    shuffle: bool | None,
-) -> Iterator[DataProto]:
-    """Body of DataProto.make_iterator: E29 check, then a torch DataLoader over row indices; mini-batches are
-    collated as verl's collate_fn does (non-tensors become object arrays) and share data.meta_info."""
-    n = data.batch.batch_size[0]
-    if n % mini_batch_size != 0:
-        raise AssertionError(f"{n} % {mini_batch_size} != 0")
-    kwargs = dict(dataloader_kwargs or {})
-    if shuffle is not None:
-        kwargs["shuffle"] = shuffle
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    loader = DataLoader(dataset=range(n), batch_size=mini_batch_size, collate_fn=list, generator=generator, **kwargs)
-
-    def collate(rows: list[int]) -> DataProto:
-        batch = data.batch[torch.tensor(rows, dtype=torch.long)].contiguous()
-        non_tensor = {k: np.array([v[i] for i in rows], dtype=object) for k, v in data.non_tensor_batch.items()}
-        out = type(data)(batch=batch, non_tensor_batch=non_tensor)
-        out.meta_info = data.meta_info
-        return out
-
-    def mini_batches() -> Iterator[DataProto]:
-        for _ in range(epochs):
-            for rows in loader:
-                yield collate(rows)
-
-    return mini_batches()

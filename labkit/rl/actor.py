@@ -8,84 +8,33 @@ is_collect = sp rank 0), verl/workers/actor/dp_actor.py: DataParallelPPOActor (l
 ppo_loss). Every call records, per rank, its micro-batches and collectives under the planner's names
 (``labkit.rules.collectives.COLLECTIVES``). The driver API (``start_actor_group``, ``configure``,
 ``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``) is ``labkit.rl.actor_client``; the update loop lives in
-``labkit.rl.actor_update``, the arithmetic in ``labkit.rl.actor_math``.
+``labkit.rl.actor_update``, the micro-batching in ``labkit.rl.actor_micro_batches``, the model and the checks before a
+batch in ``labkit.rl.actor_model``, the arithmetic in ``labkit.rl.actor_math``.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from labkit.balance.micro_batches import rearrange_micro_batches, restore_dynamic_batch
-from labkit.model.logprob import E12_SP_NEEDS_RMPAD, forward_micro_batch
+from labkit.balance.micro_batches import restore_dynamic_batch
+from labkit.model.logprob import forward_micro_batch
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
+from labkit.rl.actor_micro_batches import ActorMicroBatches
+from labkit.rl.actor_model import build_model, check_settings
 from labkit.rl.actor_record import CallRecord
-from labkit.rules.catalogue import message
-from labkit.rules.collectives import micro_batch_sync_name
-from labkit.rules.dp_sync import dp_group_passed, sync_group
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
+from labkit.runtime import dist, meshes, process_group
+from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn
+from labkit.runtime.worker import Dispatch, Worker, register
 
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 MODEL_KEYS = ("param_dtype", "model_path", "model_config", "seed")
 
 
-# ---- model ----------------------------------------------------------------------------------------------------------
-def model_config_values(s: am.ActorSettings) -> dict[str, Any]:
-    """Head counts etc. without building the model (driver-side checks): model_config, model_path/config.json or
-    the shipped tiny config."""
-    if s.model_config is not None:
-        return dict(s.model_config)
-    from labkit.model import tiny_model
-
-    cfg_file = Path(s.model_path or tiny_model.TINY_MODEL_DIR) / "config.json"
-    return json.loads(cfg_file.read_text()) if cfg_file.exists() else dict(tiny_model.TINY_CONFIG)
-
-
-def build_model(s: am.ActorSettings) -> torch.nn.Module:
-    """fp32 master weights: a seeded random-init Qwen2 from ``model_config`` (identical on every rank and in a test
-    process) or the weights at ``model_path``; sdpa attention, ``use_cache=False`` (packed detection needs it)."""
-    if s.model_config is not None:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(s.seed)
-        model = Qwen2ForCausalLM(Qwen2Config(**s.model_config, attn_implementation="sdpa"))
-    else:
-        from labkit.rl.rollout import load_rollout_model
-
-        model, _ = load_rollout_model(s.model_path, "float32")
-    model.config.use_cache = False
-    return model.float()
-
-
-def check_settings(s: am.ActorSettings, world_size: int) -> int | None:
-    """Everything verl checks before a batch arrives: mesh, E12, E41/E42, profile, legacy E20–E22 (returns M′)."""
-    from labkit.model.ulysses import check_ulysses_heads
-
-    sp = s.ulysses_sequence_parallel_size
-    dist.check_actor_mesh(world_size, sp)
-    if s.profile not in ("legacy", "engine"):
-        raise ValueError(f"profile must be 'legacy' or 'engine', got {s.profile!r}")
-    if sp > 1 and not s.use_remove_padding:  # FSDPActorConfig.validate, both versions
-        raise ValueError(E12_SP_NEEDS_RMPAD)
-    if sp > 1:
-        cfg = model_config_values(s)
-        check_ulysses_heads(cfg["num_attention_heads"], cfg["num_key_value_heads"], sp)
-    if s.optim not in ("adamw", "sgd"):
-        raise ValueError(f"optim must be 'adamw' or 'sgd', got {s.optim!r}")
-    if s.profile == "legacy":
-        return am.legacy_normalized_mini(
-            s.ppo_mini_batch_size, s.rollout_n, world_size, sp, s.ppo_micro_batch_size_per_gpu
-        )
-    return None
-
-
-class ActorWorker(Worker):
+class ActorWorker(ActorMicroBatches, Worker):
     """One rank of the actor (and its reference): FSDP2 shards over all W ranks, Ulysses groups of size sp."""
 
     def __init__(self, **settings: Any) -> None:
@@ -109,15 +58,15 @@ class ActorWorker(Worker):
         torch.set_num_threads(1)
         sp = self.s.ulysses_sequence_parallel_size
         if "actor" not in self._lk_dispatch:
-            self.mesh = dist.actor_mesh(sp)
-            self.dp_rank, self.sp_rank = dist.dp_rank(self.mesh), dist.sp_rank(self.mesh)
+            self.mesh = meshes.actor_mesh(sp)
+            self.dp_rank, self.sp_rank = meshes.dp_rank(self.mesh), meshes.sp_rank(self.mesh)
             self.dp_size = self.world_size // sp
             self.dp_group, self.sp_group = self.mesh.get_group("dp"), self.mesh.get_group("sp")
             self._register_dispatch_collect_info(
                 "actor", dp_rank=self.dp_rank, is_collect=self.sp_rank == 0, sp_rank=self.sp_rank
             )
-            self.fsdp_mesh = init_device_mesh(dist.device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
-            state = dist.state()  # NCCL: one GPU per rank; gloo (CPU, or ranks sharing a GPU): the CPU
+            self.fsdp_mesh = init_device_mesh(meshes.device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+            state = process_group.state()  # NCCL: one GPU per rank; gloo (CPU, or ranks sharing a GPU): the CPU
             self.device = torch.device(state.device if state is not None and state.backend == "nccl" else "cpu")
         self.model, self.ref = self._sharded(), self._sharded()
         self.ref.eval().requires_grad_(False)
@@ -208,11 +157,6 @@ class ActorWorker(Worker):
         lp, _ = self._measured(lambda: self._log_prob(self.ref, data, "ref", calculate_entropy=False))
         return DataProto.from_dict(tensors={"ref_log_prob": lp})
 
-    def _temperature(self, data: DataProto) -> float:
-        if "temperature" not in data.meta_info:
-            raise KeyError("temperature must be in data.meta_info (verl reads it there to avoid a silent default)")
-        return float(data.meta_info["temperature"])
-
     def _log_prob(self, model, data: DataProto, which: str, calculate_entropy: bool):
         s, sp = self.s, self.s.ulysses_sequence_parallel_size
         temperature = self._temperature(data)
@@ -243,60 +187,6 @@ class ActorWorker(Worker):
             ent = restore_dynamic_batch(ent, parts) if ent is not None else None
         self.records.append(rec.finish())
         return lp, ent
-
-    def _rmpad(self) -> bool:
-        return self.s.use_remove_padding
-
-    def _pad_to_longest(self) -> bool:
-        """Engine without rmpad pads each micro-batch to its longest row; legacy dp_actor feeds the full width."""
-        return self.s.profile == "engine" and not self.s.use_remove_padding
-
-    def _batch_num_tokens(self, rec: CallRecord, data: DataProto, budget: int | None) -> int:
-        """Engine: response tokens summed over the DP group (the global loss denominator). The same all-reduce also
-        carries each DP rank's E31 verdict, so every rank raises verl's E31 together instead of peers hanging."""
-        if "response_mask" in data.batch.keys():
-            tokens = int(data.batch["response_mask"].sum())
-        else:
-            tokens = int(data.batch["attention_mask"][:, -data.batch["responses"].shape[1] :].sum())
-        payload = torch.zeros(1 + self.dp_size, dtype=torch.long)
-        payload[0] = tokens
-        longest = int(data.batch["attention_mask"].sum(-1).max()) if len(data) else 0
-        if budget is not None and longest > budget:
-            payload[1 + self.dp_rank] = longest
-        payload = dist.all_reduce(payload.to(self.device), "sum", group=self.dp_group).cpu()
-        rec.count("all_reduce(sum):batch_num_tokens")
-        bad = [int(v) for v in payload[1:] if v > 0]
-        if bad:
-            own = longest if longest > budget else bad[0]
-            raise AssertionError(message("E31", budget=budget, longest=f"tensor({own})"))
-        return int(payload[0])
-
-    def _dynamic_parts(self, rec: CallRecord, data: DataProto, budget: int) -> list[list[int]]:
-        """Token-budget micro-batches; the count is MAX-synced over the group ``labkit.rules.dp_sync`` names: the
-        world (legacy, 0.8: dp_group None) or the DP group (engine). Mirrors seqlen_balancing.rearrange_micro_batches."""
-        lens = data.batch["attention_mask"].sum(-1)
-        legacy = self.s.profile == "legacy"
-        skip = self.s.extra.get("skip_dp_sync", False)  # verl 0.7.1 dp_actor: no dp_group, the MAX sync is skipped
-        which = None if skip else sync_group(self.s.profile, dp_group_passed(self.s.profile))
-        group = self.dp_group if which == "dp" else None  # "world": the default group
-        seen = {"max": 0}
-
-        def sync(op: str, values: list[int]) -> list[int]:
-            name = micro_batch_sync_name(op, seen["max"])
-            seen["max"] += op == "max"
-            t = torch.tensor(values, dtype=torch.long, device=self.device)
-            dist.all_reduce(t, op, group=group, name=name)
-            rec.count(name)
-            return t.tolist()
-
-        plan = rearrange_micro_batches(
-            lens,
-            budget,
-            profile=self.s.profile,
-            dp_sync=None if which is None else sync,
-            max_seq_len=data.batch["attention_mask"].shape[-1] if legacy else None,
-        )
-        return plan.indices
 
     def _forward(
         self, rec: CallRecord, model, data: DataProto, idx: list[int], temperature: float, calculate_entropy: bool

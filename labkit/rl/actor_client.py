@@ -9,7 +9,8 @@ from typing import Any
 
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_math as am
-from labkit.rl.actor import ActorWorker, check_settings
+from labkit.rl.actor import ActorWorker
+from labkit.rl.actor_model import check_settings
 from labkit.rl.actor_record import attach_records, drop_call
 from labkit.runtime.worker_group import WorkerGroup
 

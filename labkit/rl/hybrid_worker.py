@@ -23,7 +23,8 @@ from labkit.rl import actor_math as am
 from labkit.rl import weight_sync
 from labkit.rl.actor import ActorWorker
 from labkit.rl.rollout import RolloutWorker
-from labkit.runtime.dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn
+from labkit.runtime.worker import Dispatch, register
 
 
 class ActorRolloutRefWorker(ActorWorker):

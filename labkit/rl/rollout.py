@@ -1,5 +1,6 @@
 """Rollout on a worker group: the RolloutWorker (one of the two engines of ``labkit.rl.engines``, vLLM by default,
-inside each rollout rank) and the driver-side helpers.
+inside each rollout rank) and the driver-side helpers; what a rank knows before it loads anything, and the checks
+the driver runs first, are ``labkit.rl.rollout_setup``.
 
 The driver attaches a uid per prompt, repeats the batch n times interleaved and dispatches it; each rollout DP group
 (TP group of ``tensor_model_parallel_size`` ranks sharing one engine: a vLLM engine in external-launcher mode, or
@@ -11,68 +12,36 @@ dispatch) and, as a selectable variant, the <=v0.5 DP_COMPUTE_PROTO + TP all-gat
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from labkit.plan.rollout_engine import EnginePlan, check_fits
+from labkit.plan.engine_plan import EnginePlan
 from labkit.protocol.data_proto import DataProto
 from labkit.rl.hf_engine import HFEngine, generation_kwargs, load_rollout_model, load_tokenizer  # noqa: F401
 from labkit.rl.rollout_output import OUTPUT_KEYS, postprocess, response_mask_from_eos  # noqa: F401
+from labkit.rl.rollout_setup import (
+    DEFAULT_PROMPT_LENGTH,
+    DEFAULT_RESPONSE_LENGTH,
+    RolloutChecks,
+    _model_config_for_checks,
+    default_engine_plan,
+    model_folder,
+)
 from labkit.rl.vllm_engine import ROW_KEY
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
+from labkit.runtime import dist, meshes
+from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn
+from labkit.runtime.worker import Dispatch, Execute, Worker, register
 
 METHODS = {"mesh": "generate_sequences", "all_gather": "generate_sequences_all_gather"}
-DEFAULT_PROMPT_LENGTH = 24  # labkit.model.tiny_model.MAX_PROMPT_TOKENS
-DEFAULT_RESPONSE_LENGTH = 32
 
 
-def _model_config_for_checks(model_path: str | None) -> Any:
-    """The attention/MLP sizes TP needs, read on the driver without loading weights."""
-    from labkit.model import tiny_model
-
-    cfg_file = Path(model_path or tiny_model.TINY_MODEL_DIR) / "config.json"
-    values = json.loads(cfg_file.read_text()) if cfg_file.exists() else tiny_model.TINY_CONFIG
-    return SimpleNamespace(**values)
-
-
-def model_folder(model_path: str | None) -> str:
-    """The folder the vLLM engine loads (config, tokenizer, safetensors): ``model_path`` or the shipped tiny model."""
-    from labkit.model import tiny_model
-
-    return str(model_path or tiny_model.TINY_MODEL_DIR)
-
-
-def default_engine_plan(world_size: int, tp: int, prompt_length: int, response_length: int, dtype: str) -> EnginePlan:
-    """The vLLM engine plan of verl's defaults for these sizes (a RolloutWorker built without one)."""
-    from labkit.config.verl_config import load_config
-    from labkit.plan.rollout_engine import EngineModel, plan_engine
-    from labkit.runtime.host import this_host
-
-    r = "actor_rollout_ref.rollout"
-    cfg = load_config(
-        overrides=[
-            f"trainer.n_gpus_per_node={world_size}",
-            f"{r}.tensor_model_parallel_size={tp}",
-            f"data.max_prompt_length={prompt_length}",
-            f"data.max_response_length={response_length}",
-            f"{r}.dtype={dtype}",
-            f"{r}.enforce_eager=true",
-        ]
-    )
-    return plan_engine(cfg, EngineModel.from_config(vars(_model_config_for_checks(None))), this_host(world_size))
-
-
-class RolloutWorker(Worker):
+class RolloutWorker(RolloutChecks, Worker):
     """One rank of the rollout: rollout mesh (dp, infer_tp, infer_pp) and its share of one engine (``name``:
-    ``vllm`` with the engine plan ``engine``, a ``labkit.plan.rollout_engine.EnginePlan`` as a dict, or ``hf``).
+    ``vllm`` with the engine plan ``engine``, a ``labkit.plan.engine_plan.EnginePlan`` as a dict, or ``hf``).
 
     Registers mesh "rollout" with verl's is_collect (infer_tp rank 0) and the TP group as "infer_tp" for the
     all-gather variant. (verl's own ``hf`` rollout made every rank its own dp rank; labkit shards for real.)"""
@@ -102,54 +71,12 @@ class RolloutWorker(Worker):
         """The HF engine's model (None for vLLM, whose weights live inside the engine)."""
         return getattr(self.engine, "model", None)
 
-    @classmethod
-    def check_world(
-        cls,
-        world_size: int,
-        tp: int = 1,
-        rdp: int = 1,
-        pp: int = 1,
-        prompt_length: int = DEFAULT_PROMPT_LENGTH,
-        response_length: int = DEFAULT_RESPONSE_LENGTH,
-        model_path: str | None = None,
-        name: str = "vllm",
-        engine: dict | None = None,
-        **_: Any,
-    ) -> None:
-        """Driver-side checks before any process starts: E23, heads/MLP split over TP, positions that fit, the
-        engine's KV cache holds a sequence, the weights vLLM loads exist."""
-        from labkit.model.tp_parallel import check_tp_split
-
-        if rdp != 1 or pp != 1:
-            raise ValueError(
-                f"labkit's rollout shards by TP only: rollout.data_parallel_size={rdp} and "
-                f"pipeline_model_parallel_size={pp} must be 1"
-            )
-        if name not in ("vllm", "hf"):
-            raise ValueError(f"rollout name must be 'vllm' or 'hf', got {name!r}")
-        dist.check_rollout_mesh(world_size, tp, rdp, pp)
-        cfg = _model_config_for_checks(model_path)
-        check_tp_split(cfg, tp)
-        if prompt_length + response_length > cfg.max_position_embeddings:
-            raise ValueError(
-                f"prompt_length + response_length = {prompt_length} + {response_length} exceeds the "
-                f"model's max_position_embeddings {cfg.max_position_embeddings}"
-            )
-        if name == "vllm":
-            if engine is not None:
-                check_fits(EnginePlan(**engine))
-            if not (Path(model_folder(model_path)) / "model.safetensors").exists():
-                raise FileNotFoundError(
-                    f"the vLLM engine loads {model_folder(model_path)}/model.safetensors, which is not there "
-                    "(run scripts/train_tiny_model.py, or use rollout.name=hf)"
-                )
-
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Build the rollout mesh, register dispatch info, then start this rank's share of the engine."""
         torch.set_num_threads(1)
-        mesh = dist.rollout_mesh(self.tp, self.rdp, self.pp)
-        self.dp_rank, self.tp_rank = dist.dp_rank(mesh), dist.tp_rank(mesh)
+        mesh = meshes.rollout_mesh(self.tp, self.rdp, self.pp)
+        self.dp_rank, self.tp_rank = meshes.dp_rank(mesh), meshes.tp_rank(mesh)
         pp_rank = mesh.get_local_rank("infer_pp")
         self.tp_group = mesh.get_group("infer_tp")
         self._register_dispatch_collect_info(
@@ -168,7 +95,7 @@ class RolloutWorker(Worker):
             "rank": self.rank,
             "dp_rank": self.dp_rank,
             "tp_rank": self.tp_rank,
-            "tp_group": dist.group_ranks(self.tp_group),
+            "tp_group": meshes.group_ranks(self.tp_group),
             **info,
         }
 

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from labkit.plan.rollout_engine import EnginePlan, max_tokens_for, sampling_kwargs
+from labkit.plan.engine_plan import EnginePlan
+from labkit.plan.rollout_engine import max_tokens_for, sampling_kwargs
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import weight_sync
 from labkit.rl.rollout_output import from_token_lists
 from labkit.runtime import dist, rank_files
-from labkit.runtime.ray_launcher import without_rfc3987
+from labkit.runtime.ray_init import without_rfc3987
 
 ROW_KEY = "rollout_row"  # non-tensor key: each row's index in the generation batch (its sampling seed)
 WORKER_CLS = "labkit.rl.vllm_worker.LabkitCPUWorker"

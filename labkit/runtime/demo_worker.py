@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from labkit.runtime import dist
-from labkit.runtime.dispatch import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
+from labkit.runtime import dist, meshes, process_group
+from labkit.runtime.dispatch import make_nd_compute_dataproto_dispatch_fn
+from labkit.runtime.worker import Dispatch, Execute, Worker, register
 
 if TYPE_CHECKING:  # imported by unpickling the first DataProto a rank receives
     from labkit.protocol.data_proto import DataProto
@@ -30,17 +31,17 @@ class DemoWorker(Worker):
         super().__init__()
         if fail_init_rank == self.rank:
             raise RuntimeError(f"DemoWorker told to fail in __init__ on rank {self.rank}")
-        self.actor_mesh = dist.actor_mesh(sp)
-        sp_rank = dist.sp_rank(self.actor_mesh)
+        self.actor_mesh = meshes.actor_mesh(sp)
+        sp_rank = meshes.sp_rank(self.actor_mesh)
         self._register_dispatch_collect_info(
-            "actor", dp_rank=dist.dp_rank(self.actor_mesh), is_collect=sp_rank == 0, sp_rank=sp_rank
+            "actor", dp_rank=meshes.dp_rank(self.actor_mesh), is_collect=sp_rank == 0, sp_rank=sp_rank
         )
-        self.rollout_mesh = dist.rollout_mesh(tp, rdp, pp)
-        tp_rank = dist.tp_rank(self.rollout_mesh)
+        self.rollout_mesh = meshes.rollout_mesh(tp, rdp, pp)
+        tp_rank = meshes.tp_rank(self.rollout_mesh)
         pp_rank = self.rollout_mesh.get_local_rank("infer_pp")
         self._register_dispatch_collect_info(
             "rollout",
-            dp_rank=dist.dp_rank(self.rollout_mesh),
+            dp_rank=meshes.dp_rank(self.rollout_mesh),
             is_collect=tp_rank == 0 and pp_rank == 0,
             tp_rank=tp_rank,
         )
@@ -50,8 +51,8 @@ class DemoWorker(Worker):
     @classmethod
     def check_world(cls, world_size: int, sp: int = 1, tp: int = 1, rdp: int = 1, pp: int = 1, **_: Any) -> None:
         """Mesh preconditions on the driver, before any process starts (E23 for the rollout mesh)."""
-        dist.check_actor_mesh(world_size, sp)
-        dist.check_rollout_mesh(world_size, tp, rdp, pp)
+        meshes.check_actor_mesh(world_size, sp)
+        meshes.check_rollout_mesh(world_size, tp, rdp, pp)
 
     def _tag(self, data: DataProto) -> DataProto:
         n = len(data)
@@ -122,13 +123,13 @@ class DemoWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def info(self) -> dict:
-        state = dist.state()
+        state = process_group.state()
         return {
             "rank": self.rank,
             "pid": os.getpid(),
             "backend": state.backend if state else None,
-            "sp_group": dist.group_ranks(self.actor_mesh.get_group("sp")),
-            "tp_group": dist.group_ranks(self.rollout_mesh.get_group("infer_tp")),
+            "sp_group": meshes.group_ranks(self.actor_mesh.get_group("sp")),
+            "tp_group": meshes.group_ranks(self.rollout_mesh.get_group("infer_tp")),
             "dispatch": dict(self._lk_dispatch),
         }
 

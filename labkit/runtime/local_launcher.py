@@ -1,134 +1,23 @@
-"""Rank processes on this machine: the local-process launcher and process bookkeeping (/proc, no psutil).
-
-The local launcher is the fallback where Ray is absent (the GPU box): ranks forked from a preloaded multiprocessing
-fork server (or spawned), one command pipe and one status pipe per rank, payloads pickled with plain `pickle` (never
-ForkingPickler, whose shared-memory tensors can hang the parent). Mirrors the role of
+"""The local-process launcher, the fallback where Ray is absent (the GPU box): ranks forked from a preloaded
+multiprocessing fork server (or spawned), one command pipe and one status pipe per rank (``labkit.runtime.rank_pipes``),
+and the rank's entry point, which serves calls until shutdown. Mirrors the role of
 verl/single_controller/ray/base.py: RayWorkerGroup."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import pickle
-import queue
-import shutil
 import signal
-import sys
 import threading
 import time
-from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from labkit.runtime import rank_files
+from labkit.runtime.processes import exit_text, exit_without_driver, process_state
 from labkit.runtime.rank_host import RankHost, error_envelope, not_ready_envelope
+from labkit.runtime.rank_pipes import Outbox, dumps, recv, send, serve_status
 
-__all__ = ["LocalLauncher", "pid_alive", "wait_gone", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
-
-
-def exit_text(code: int | None) -> str:
-    """How a process ended, from multiprocessing's exitcode (negative: the signal that killed it)."""
-    if code is None:
-        return "died (exit code unknown)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (exit code {code})"
-    return f"exited with code {code}"
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of /proc/<pid>/stat (R running, S sleeping, T stopped, Z zombie...); None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True while /proc/<pid> exists and is not a zombie."""
-    return process_state(pid) not in (None, "Z")
-
-
-def wait_gone(pids: list[int], timeout_s: float) -> None:
-    """Wait until every pid is gone; SIGKILL the rank processes still there after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in (p for p in pids if pid_alive(p)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-# ---- local processes ----------------------------------------------------------------------------------------------
-def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _send(conn: Any, obj: Any) -> None:
-    conn.send_bytes(_dumps(obj))
-
-
-def _recv(conn: Any) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-class _Outbox:
-    """A rank's inbound pipe written by a thread of its own, in order: a payload larger than the pipe buffer, for a
-    rank busy in an earlier call or stopped, never blocks the driver past its timeouts (the watchdog still runs)."""
-
-    def __init__(self, rank: int, conn: Any, on_error: Any) -> None:
-        self.rank, self.conn, self.on_error = rank, conn, on_error
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="labkit-outbox")
-        self.thread.start()
-
-    def put(self, payload: bytes, call_id: int | None = None) -> None:
-        self.queue.put((payload, call_id))
-
-    def stop(self) -> None:
-        self.queue.put(None)
-
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            payload, call_id = item
-            try:
-                self.conn.send_bytes(payload)
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
-                self.on_error(self.rank, call_id, exc)
-
-
-def _serve_status(conn: Any, host: RankHost) -> None:
-    try:
-        while True:
-            conn.recv_bytes()
-            _send(conn, host.status())
-    except (EOFError, OSError):
-        return
-
-
-DRIVER_POLL_S = 0.5  # how often a rank checks that its driver is still alive
-
-
-def _exit_without_driver(driver_pid: int, driver_tempdir: str | None) -> None:
-    """Exit this rank once its driver is gone: a SIGKILLed driver cannot close its ranks, and a rank busy in a call
-    never reads the pipe that would tell it (os._exit: no cleanup can be trusted without the driver). The driver's
-    multiprocessing folder (/tmp/pymp-*, the fork server's socket), which only the driver's exit removes, goes too, and
-    so does what the group's ranks registered (``labkit.runtime.rank_files``)."""
-    while pid_alive(driver_pid):
-        time.sleep(DRIVER_POLL_S)
-    own_tempdir = mp_process.current_process()._config.get("tempdir")  # made by this rank; os._exit skips its cleanup
-    for folder in (driver_tempdir, own_tempdir):
-        if folder and os.path.basename(folder).startswith("pymp-"):
-            shutil.rmtree(folder, ignore_errors=True)
-    rank_files.sweep(rank_files.group_dir())  # what the group's ranks made outside their processes
-    os._exit(70)
+__all__ = ["LocalLauncher", "stop_forkserver", "local_rank_main", "FORKSERVER_PRELOAD"]
 
 
 def local_rank_main(
@@ -138,26 +27,26 @@ def local_rank_main(
     driver process ``driver_pid`` dies)."""
     os.setpgrp()  # the rank leads a process group of its own: close() takes down whatever the rank started too
     if driver_pid is not None:
-        threading.Thread(target=_exit_without_driver, args=(driver_pid, driver_tempdir), daemon=True).start()
+        threading.Thread(target=exit_without_driver, args=(driver_pid, driver_tempdir), daemon=True).start()
     host = RankHost(**host_kwargs)
-    threading.Thread(target=_serve_status, args=(status_conn, host), daemon=True).start()
-    _send(conn, ("ready", host.ready()))
+    threading.Thread(target=serve_status, args=(status_conn, host), daemon=True).start()
+    send(conn, ("ready", host.ready()))
     while True:
         try:
-            msg = _recv(conn)
+            msg = recv(conn)
         except (EOFError, OSError):
             break
         if msg[0] == "call":
             _, call_id, method, args, kwargs, opts = msg
             result = host.call(method, args, kwargs, **opts)
             try:
-                payload = _dumps(("result", call_id, result))
+                payload = dumps(("result", call_id, result))
             except Exception as exc:  # the value cannot cross the process boundary: say so instead of dying
                 why = TypeError(f"the return value of {method} cannot be sent to the driver (pickle: {exc})")
-                payload = _dumps(("result", call_id, error_envelope(host.rank, method, why)))
+                payload = dumps(("result", call_id, error_envelope(host.rank, method, why)))
             conn.send_bytes(payload)
         elif msg[0] == "shutdown":
-            _send(conn, ("bye", host.shutdown()))
+            send(conn, ("bye", host.shutdown()))
             break
     host.shutdown()
 
@@ -179,37 +68,6 @@ def stop_forkserver() -> None:
         stop()
 
 
-def check_importable(worker_cls: type) -> None:
-    """Local rank processes unpickle the worker class by reference: it must be importable from a module (or from a
-    script's __main__, which multiprocessing re-imports); a class of a notebook/REPL/stdin, or one defined inside a
-    function, would only fail in the ranks ("exited with code 1")."""
-    module, qualname = getattr(worker_cls, "__module__", None), getattr(worker_cls, "__qualname__", "")
-    hint = (
-        "launcher='local' starts ranks that import the worker class by name: define it in an importable module "
-        "(e.g. under labkit/), or use launcher='ray', which ships classes by value"
-    )
-    if "<locals>" in qualname:
-        raise ValueError(f"worker class {qualname} is defined inside a function; {hint}")
-    if module == "__main__":
-        main = sys.modules.get("__main__")
-        spec_name = getattr(getattr(main, "__spec__", None), "name", None)
-        main_file = getattr(main, "__file__", None) or ""
-        if not spec_name and not os.path.isfile(main_file):
-            raise ValueError(
-                f"worker class {qualname} is defined in an interactive __main__ (notebook, REPL or "
-                f"stdin) that rank processes cannot import; {hint}"
-            )
-        return
-    try:
-        obj: Any = importlib.import_module(module or "")
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"worker class {module}.{qualname} cannot be imported by name ({exc}); {hint}") from None
-    if obj is not worker_cls:
-        raise ValueError(f"{module}.{qualname} is not the worker class passed (redefined or shadowed); {hint}")
-
-
 class LocalLauncher:
     """W rank processes on this machine, forked from a preloaded fork server (default) or spawned; same interface as
     RayLauncher. The fork server costs one torch/tensordict import per driver instead of one per rank."""
@@ -229,7 +87,7 @@ class LocalLauncher:
         self.procs, self.conns, self.status_conns, self.pids = [], [], [], []
         self._results: dict[int, dict[int, dict]] = {}
         self._methods: dict[int, str] = {}  # method of each call id (for the envelopes of failed sends)
-        self.outboxes: list[_Outbox] = []
+        self.outboxes: list[Outbox] = []
         self._next_id = 0
         if method == "forkserver":  # forked ranks inherit the server's environment: hand them the driver's, as spawn
             host_kwargs = [{**kw, "env": {**os.environ, **(kw.get("env") or {})}} for kw in host_kwargs]
@@ -254,7 +112,7 @@ class LocalLauncher:
             schild.close()
             self.procs.append(proc)
             self.conns.append(parent)
-            self.outboxes.append(_Outbox(len(self.outboxes), parent, self._send_failed))
+            self.outboxes.append(Outbox(len(self.outboxes), parent, self._send_failed))
             self.status_conns.append(sparent)
             self.pids = [p.pid for p in self.procs]
 
@@ -295,7 +153,7 @@ class LocalLauncher:
                 continue
             rank = live[obj]
             try:
-                msg = _recv(obj)
+                msg = recv(obj)
             except (EOFError, OSError):
                 obj.close()
                 continue
@@ -314,7 +172,7 @@ class LocalLauncher:
         call_id = self._next_id = self._next_id + 1
         # pickle every rank's message first: an unpicklable argument fails here, before any rank starts the call
         payloads = {
-            rank: _dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts)) for rank in ranks
+            rank: dumps(("call", call_id, method, per_rank_args[rank], per_rank_kwargs[rank], opts)) for rank in ranks
         }
         for rank in ranks:
             self.outboxes[rank].put(payloads[rank], call_id)
@@ -352,7 +210,7 @@ class LocalLauncher:
             conn = self.status_conns[rank]
             try:
                 conn.send_bytes(b"?")
-                out[rank] = _recv(conn) if conn.poll(timeout) else None
+                out[rank] = recv(conn) if conn.poll(timeout) else None
             except (EOFError, OSError, BrokenPipeError):
                 out[rank] = None
         return out
@@ -363,13 +221,13 @@ class LocalLauncher:
         reports: dict[int, dict] = {}
         for rank, outbox in enumerate(self.outboxes[: len(self.procs)]):  # a spawn that failed partway has fewer
             if self.procs[rank].is_alive():
-                outbox.put(_dumps(("shutdown",)))
+                outbox.put(dumps(("shutdown",)))
         deadline = time.monotonic() + graceful_s
         for rank, conn in enumerate(self.conns[: len(self.procs)]):
             while rank not in reports and self.procs[rank].is_alive() and time.monotonic() < deadline:
                 try:
                     if conn.poll(0.05):
-                        msg = _recv(conn)
+                        msg = recv(conn)
                         if msg[0] == "bye":
                             reports[rank] = msg[1]
                 except (EOFError, OSError):

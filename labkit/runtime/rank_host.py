@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any
 
-from labkit.runtime import collective_log, dist
+from labkit.runtime import collective_log, dist, meshes, process_group
 from labkit.runtime.dispatch import first_batch_arg, is_data_proto, rows_tokens
 
 CALL_QUERY = "_lk_query"  # built-in: a rank's registered dispatch info (dp_rank / is_collect) for a mesh
@@ -118,7 +118,7 @@ class RankHost:
             import torch
 
             torch.set_num_threads(1)
-            dist.init_dist(
+            process_group.init_dist(
                 rank,
                 world_size,
                 master_port,
@@ -171,13 +171,13 @@ class RankHost:
                 )
             group, coord, group_mesh = self.worker._lk_groups[gather_group]
             coords = self.worker.rank_coords(group_mesh)
-            coords[coord] = dist.group_rank(group)
+            coords[coord] = meshes.group_rank(group)
             args = tuple(dist.all_gather_data_proto(a, group) if is_data_proto(a) else a for a in args)
             kwargs = {k: dist.all_gather_data_proto(v, group) if is_data_proto(v) else v for k, v in kwargs.items()}
         rows, tokens = rows_tokens(first_batch_arg(args, kwargs))
         value = getattr(self.worker, method)(*args, **kwargs)
         if group is not None and is_data_proto(value):
-            value = value.chunk(dist.group_size(group))[dist.group_rank(group)]
+            value = value.chunk(meshes.group_size(group))[meshes.group_rank(group)]
         out_rows, out_tokens = rows_tokens(value)
         after = dist.collective_counts()
         record = {
@@ -213,6 +213,6 @@ class RankHost:
             except BaseException as exc:
                 out["worker_error"] = repr(exc)
         try:
-            return {**out, "pg_destroyed": dist.teardown()}
+            return {**out, "pg_destroyed": process_group.teardown()}
         except BaseException as exc:
             return {**out, "pg_destroyed": False, "error": repr(exc)}

@@ -12,16 +12,17 @@ from typing import Any
 
 from labkit.config.keys import ROLLOUT
 from labkit.config.verl_config import VerlConfig
-from labkit.plan.rollout_engine import EngineModel, EnginePlan, plan_engine
+from labkit.plan.engine_plan import EnginePlan
+from labkit.plan.rollout_engine import EngineModel, plan_engine
 from labkit.rl import engines
-from labkit.rules.geometry import BatchGeometry
+from labkit.rules.run import as_run
 from labkit.runtime.host import this_host
 
 
 def model_values(model_path: str | None = None) -> dict[str, Any]:
     """config.json of the model the live group loads (the shipped tiny model unless ``model_path``)."""
     from labkit.model import tiny_model
-    from labkit.rl.rollout import model_folder
+    from labkit.rl.rollout_setup import model_folder
 
     path = os.path.join(model_folder(model_path), "config.json")
     return json.load(open(path)) if os.path.exists(path) else dict(tiny_model.TINY_CONFIG)
@@ -34,7 +35,7 @@ def engine_plan(cfg: VerlConfig, model_path: str | None = None) -> EnginePlan:
 
 def rollout_kwargs(cfg: VerlConfig, model_path: str | None = None) -> dict[str, Any]:
     """The RolloutWorker's keyword arguments for ``cfg`` (the engine that will really run: see ``engines.resolve``)."""
-    geo = BatchGeometry.from_config(cfg)
+    geo = as_run(cfg).geometry
     name = engines.resolve(cfg.get(f"{ROLLOUT}.name"))
     kw: dict[str, Any] = dict(
         tp=geo.rollout_tp,

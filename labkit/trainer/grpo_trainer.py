@@ -6,9 +6,10 @@ reward → old_log_prob → ref (KL loss or KL in reward) → adv (``labkit.rl.r
 ``algorithm.use_kl_in_reward``) → update_actor → update_weights, timing each stage as ``timing_s/<name>``. With the
 vLLM engine, the step also logs verl's ``training/rollout_probs_diff_*`` (``labkit.rl.rollout_metrics``).
 ``trace`` is the live StepTrace of the last step (every rank's rows, tokens, padded tokens, micro-batches,
-collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths.
-With ``trainer.use_v1=true`` (engine) the step is verl 0.9.1's v1 loop (``labkit.trainer.v1_batch``: agent-loop
-sessions, completion order, padding rows, always-on balance) and the prediction gets the live completion order.
+collectives and peak memory per stage); ``prediction()`` is ``plan()`` for the same config and lengths (both in
+``labkit.trainer.live_trace``). With ``trainer.use_v1=true`` (engine) the step is verl 0.9.1's v1 loop
+(``labkit.trainer.v1_batch``: agent-loop sessions, completion order, padding rows, always-on balance) and the
+prediction gets the live completion order; the stages up to the balanced batch are ``labkit.trainer.step_rollout``.
 Mirrors verl/trainer/ppo/ray_trainer.py: RayPPOTrainer.fit (0.9.1 order), v1/trainer_base.py: PPOTrainer._step_once
 and metric_utils.compute_data_metrics.
 """
@@ -23,24 +24,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from labkit.balance.balance_batch import balance_batch
 from labkit.config.keys import ARR
 from labkit.config.verl_config import VerlConfig, load_config
-from labkit.memory.settings import MemorySettings
-from labkit.memory.step_memory import fill_bytes_predicted
-from labkit.plan.step import plan
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import actor_client, rollout
 from labkit.rl.algo import agg_loss, grpo_outcome_advantage
 from labkit.rl.hybrid_worker import ActorRolloutRefWorker, settings_for
 from labkit.rl.reward import apply_kl_penalty, kl_controller_from_config, token_level_scores
 from labkit.rl.rollout_metrics import rollout_probs_diff
+from labkit.rules.run import Run
 from labkit.runtime.worker_group import WorkerGroup
-from labkit.trace import RankRecord, StageRecord, StepTrace
+from labkit.trace import StepTrace
 from labkit.trainer import engine_setup, v1_batch
-from labkit.trainer.live_rollout import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
-from labkit.trainer.live_rollout import sizes
+from labkit.trainer.live_config import DEFAULT_OVERRIDES as ROLLOUT_DEFAULTS
+from labkit.trainer.live_config import sizes
+from labkit.trainer.live_trace import LiveTrace
 from labkit.trainer.step_metrics import _Progress, data_metrics, sync_metrics
+from labkit.trainer.step_rollout import StepRollout
 
 DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO step needs
     "algorithm.adv_estimator=grpo",
@@ -53,8 +53,6 @@ DEFAULT_OVERRIDES = (  # the live rollout's small CPU defaults, plus what a GRPO
     f"{ARR}.actor.entropy_coeff=0",
 )
 RANK_STAGES = ("generate", "old_log_prob", "ref_log_prob", "update_actor")
-COMPARED = ("balance", "old_log_prob", "ref_log_prob", "update_actor")
-FIELDS = ("rows", "tokens", "padded_tokens", "n_micro", "micro_rows", "micro_tokens", "mini_batches", "collectives")
 
 
 def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
@@ -67,21 +65,7 @@ def trainer_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str =
     return load_config(overrides=[*DEFAULT_OVERRIDES, *loop, *(cfg or [])], profile=profile)
 
 
-LIVE_MEMORY_PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
-
-
-def live_memory_settings(cfg: VerlConfig) -> MemorySettings:
-    """The memory model of labkit's CPU ranks: the tiny shape in fp32, FSDP2 over W ranks (one layer gathered at a
-    time), sdpa's dense mask, the PyTorch log-softmax, no autocast and an eager entropy, a reference always built; generate runs the rollout engine
-    (its plan: ``labkit.plan.rollout_engine``), so only the FSDP phases are predicted."""
-    return MemorySettings.from_config(
-        cfg, "tiny-qwen2", 2**40, compute_bytes=4, rollout_bytes=4, attention="sdpa", logprob_kernel="full_log_softmax",
-        gathered_layers=1, need_ref=True, need_critic=False, autocast=False, entropy_compiled=False,
-        ref_offloaded=False,
-    )  # fmt: skip
-
-
-class GRPOTrainer:
+class GRPOTrainer(StepRollout, LiveTrace):
     """A worker group of hybrid-engine ranks for one config; ``step()`` runs one full GRPO step and returns metrics.
 
     The actor's AdamW learning rate is ``actor_rollout_ref.actor.optim.lr`` of the config unless ``lr`` is given."""
@@ -100,7 +84,8 @@ class GRPOTrainer:
         measure_memory: bool = False,
         on_stage: Callable[[str], None] | None = None,
     ) -> None:
-        self.cfg = trainer_config(cfg)
+        self.resolved = Run.resolve(trainer_config(cfg))  # read once: the sizes, the engine and the prediction take it
+        self.cfg = self.resolved.config
         if self.cfg.get("algorithm.adv_estimator") != "grpo" or self.cfg.need_critic:
             raise ValueError(
                 f"GRPOTrainer runs algorithm.adv_estimator=grpo without a critic, got "
@@ -113,7 +98,7 @@ class GRPOTrainer:
                 f"{ARR}.ref.ulysses_sequence_parallel_size={ref_sp} must equal the actor's {sp} (verl's "
                 f"default); labkit.plan.step shows what verl does with a different ref size"
             )
-        self.sizes = s = sizes(self.cfg)
+        self.sizes = s = sizes(self.resolved)
         self.loop = s.geo.loop
         if self.loop == "v1" and s.geo.generated_samples % max(s.geo.rollout_replicas, 1):
             raise ValueError(
@@ -133,7 +118,7 @@ class GRPOTrainer:
         self.trace: StepTrace | None = None
         self.lengths: list[int] | None = None
         self.tokenizer = rollout.load_tokenizer()
-        roll = engine_setup.rollout_kwargs(self.cfg)
+        roll = engine_setup.rollout_kwargs(self.resolved)
         self.engine = roll["name"]  # the engine that runs (vllm falls back to hf where it is not installed)
         bar = _Progress(2, "start-up", progress, on_stage)
         bar.stage(f"starting {s.geo.world_size} ranks ({launcher})")
@@ -278,20 +263,6 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
-    def _generate(self, prompts: DataProto, n: int) -> DataProto:
-        s = self.sizes
-        return rollout.generate(
-            self.wg,
-            prompts,
-            n,
-            do_sample=s.do_sample,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            response_length=s.geo.response_length,
-            seed=self.seed * 1_000_003 + self.global_steps,
-        )
-
     def _entropy_horizon(self, batch: DataProto) -> int | None:
         """loss_scale_factor of the driver's actor/entropy: v1 pads its nested responses to the step's longest one,
         so seq-mean-token-sum-norm without a factor divides by that (v0: response_length, the tensor width)."""
@@ -300,117 +271,6 @@ class GRPOTrainer:
             return factor
         width = batch.batch["responses"].shape[1]
         return int(batch.batch["attention_mask"][:, -width:].sum(-1).max())
-
-    def _v0_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
-        """v0: driver repeat (interleaved), generate, ``_balance_batch`` when trainer.balance_batch."""
-        with self._timer("gen", timing, bar):
-            batch = self._generate(prompts, self.sizes.geo.rollout_n)
-            gen_metrics = batch.meta_info.pop("metrics", [])
-        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()
-        order = list(range(len(batch)))
-        with self._timer("balance", timing, bar):
-            if self.cfg.get("trainer.balance_batch"):
-                res = balance_batch(self.lengths, self.wg.dp_size("actor"))
-                order = res.global_idx
-                batch.reorder(torch.tensor(order))
-                metrics.update(res.metrics)
-        return batch, order, gen_metrics
-
-    def _v1_rollout(self, prompts: DataProto, timing: dict, bar: _Progress, metrics: dict) -> tuple:
-        """v1 (PPOTrainer._step_once): n sessions per prompt inside its agent-loop worker, rows in completion order,
-        synthetic padding rows to the required multiple, then the always-on KK balance (ascending index)."""
-        geo = self.sizes.geo
-        with self._timer("gen", timing, bar):
-            rows, split = v1_batch.sessions(prompts, geo.rollout_n, geo.agent_workers)
-            batch = self._generate(rows, 1)
-            gen_metrics = batch.meta_info.pop("metrics", [])
-        self.lengths = batch.batch["attention_mask"].sum(-1).tolist()  # submission order p·n + session
-        ends = batch.batch["response_mask"].sum(-1).tolist()
-        done = v1_batch.completion_order(ends, batch.non_tensor_batch["agent_worker"])
-        batch.reorder(torch.tensor(done))
-        batch = v1_batch.add_padding_rows(
-            batch, geo.padding_rows, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        )
-        with self._timer("balance", timing, bar):
-            parts, seqlen = v1_batch.balance(batch.batch["attention_mask"].sum(-1).tolist(), self.wg.dp_size("actor"))
-            order = [i for part in parts for i in part]
-            batch.reorder(torch.tensor(order))
-            metrics.update(seqlen)
-        batch.meta_info["loss_horizon"] = "micro_batch"  # seq-mean-token-sum-norm: v1's per-micro-batch horizon
-        self.v1 = v1_batch.V1Batch(split, done, [int(x) for x in ends], geo.padding_rows, parts, seqlen)
-        return batch, order, gen_metrics
-
-    def _live_trace(self, order: list[int], mem: dict[str, list[int]], metrics: dict) -> StepTrace:
-        """The group's trace of this step plus the driver stages and a ``balance`` record per rank: the rows and
-        tokens each rank then received at old_log_prob (dispatch of the reordered batch), with their indices."""
-        tr = self.wg.reset_trace()
-        N, D = len(order), self.wg.dp_size("actor")
-        geo = self.sizes.geo
-        tr.stages[:0] = (
-            v1_batch.driver_stages(self.v1, geo.prompts, geo.rollout_n, N)
-            if self.loop == "v1" and self.v1 is not None
-            else [
-                StageRecord("dataloader", "dataloader batch", geo.prompts, "prompts"),
-                StageRecord("repeat", "repeat for generation", N, "samples"),
-            ]
-        )
-        size = N // D
-        tr.stages.append(StageRecord("balance", "union + _balance_batch", N, "samples", size))
-        for r in tr.at("old_log_prob"):
-            idx = order[r.dp_rank * size : (r.dp_rank + 1) * size]
-            tr.ranks.append(
-                RankRecord(
-                    "balance",
-                    r.rank,
-                    dp_rank=r.dp_rank,
-                    sp_rank=r.sp_rank,
-                    rows=r.rows,
-                    tokens=r.tokens,
-                    extra={"indices": idx},
-                )
-            )
-        for stage in ("reward", "advantage"):
-            tr.stages.append(StageRecord(stage, stage, N, "samples", note="driver"))
-        for stage, per_rank in mem.items():
-            for r in tr.at(stage):
-                if r.bytes_measured is None:  # no allocator measurement (measure_memory off): the process's peak RSS
-                    r.bytes_measured = per_rank[r.rank]
-                r.extra["peak_rss_bytes"] = per_rank[r.rank]
-        fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
-        tr.summary.update(
-            metrics=dict(metrics),
-            global_step=self.global_steps,
-            lengths=list(self.lengths or []),
-            order=list(order),
-            sizes=self.sizes.as_dict(),
-            loop=self.loop,
-        )
-        if self.loop == "v1" and self.v1 is not None:
-            tr.summary.update(
-                agent_loop={"prompts_per_worker": self.v1.prompts_per_worker},
-                completion_order=list(self.v1.completion_order),
-                end_steps=list(self.v1.end_steps),
-                v1_padding={"padding_rows": self.v1.padding_rows, "rows": N},
-            )
-        return tr
-
-    def prediction(self) -> StepTrace:
-        """``plan(cfg, lengths)`` for the last step: the same config, the observed prompt+response lengths in
-        generation order (the planner balances them itself)."""
-        if self.lengths is None:
-            raise RuntimeError("call step() first: the prediction uses the step's observed lengths")
-        order = self.v1.completion_order if self.loop == "v1" and self.v1 is not None else None
-        tr = plan(self.cfg, lengths=self.lengths, completion_order=order)
-        return fill_bytes_predicted(tr, self.cfg, live_memory_settings(self.cfg), LIVE_MEMORY_PHASES)
-
-    def mismatches(self, stages: Sequence[str] = COMPARED, fields: Sequence[str] = FIELDS) -> list[str]:
-        """trace.compare(prediction, live trace) on ``stages`` (those present): [] when they agree."""
-        from labkit.trace import compare
-
-        if self.trace is None:
-            raise RuntimeError("call step() first")
-        present = [x for x in stages if self.trace.at(x)]
-        return [str(m) for m in compare(self.prediction(), self.trace, stages=present, fields=fields)]
 
     def run(self, steps: int) -> list[dict[str, Any]]:
         """``steps`` GRPO steps; the metrics of each."""

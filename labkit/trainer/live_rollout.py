@@ -9,70 +9,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from labkit.config.verl_config import VerlConfig, load_config
+from labkit.config.verl_config import VerlConfig
 from labkit.plan.step import plan
 from labkit.protocol.data_proto import DataProto
 from labkit.rl import rollout
-from labkit.rules.geometry import ARR, BatchGeometry
 from labkit.runtime.worker_group import WorkerGroup
 from labkit.trace import RankRecord, StageRecord, StepTrace
 from labkit.trainer import engine_setup
+from labkit.trainer.live_config import rollout_config, sizes
 from labkit.trainer.step_metrics import _Progress
 
-DEFAULT_OVERRIDES = (
-    "data.train_batch_size=8",
-    f"{ARR}.rollout.n=4",
-    "trainer.n_gpus_per_node=4",
-    f"{ARR}.rollout.tensor_model_parallel_size=1",
-    "data.max_prompt_length=24",
-    "data.max_response_length=32",
-    f"{ARR}.rollout.dtype=float32",  # the fp32 tiny model, like labkit's actor
-    f"{ARR}.rollout.enforce_eager=true",  # no inductor compile of the engine on a CPU
-)
 RETURNED = "generate:returned"
-
-
-def rollout_config(cfg: VerlConfig | Sequence[str] | None = None, profile: str = "engine") -> VerlConfig:
-    """A VerlConfig as is, or small CPU defaults (8 prompts, n=4, 4 GPUs, TP 1, 24+32 tokens, an fp32 eager engine)
-    plus overrides.
-    Engine defaults say ``trainer.use_v1=false``: the live rollout's per-rank partition is the v0 loop's dispatch."""
-    if isinstance(cfg, VerlConfig):
-        return cfg
-    loop = ["trainer.use_v1=false"] if profile == "engine" else []
-    return load_config(overrides=[*DEFAULT_OVERRIDES, *loop, *(cfg or [])], profile=profile)
-
-
-@dataclass(frozen=True)
-class RolloutSizes:
-    """What the live rollout reads from a config: the batch geometry and verl's sampling keys."""
-
-    geo: BatchGeometry
-    do_sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    engine: str = "vllm"
-
-    def as_dict(self) -> dict[str, Any]:
-        """Flat, for a trace summary."""
-        return {**asdict(self.geo), **{k: v for k, v in asdict(self).items() if k != "geo"}}
-
-
-def sizes(cfg: VerlConfig) -> RolloutSizes:
-    """The geometry and sampling settings of the live rollout (``rollout.do_sample``, temperature, top_k, top_p)
-    and the engine (``rollout.name``)."""
-    g = cfg.get
-    return RolloutSizes(
-        BatchGeometry.from_config(cfg),
-        bool(g(f"{ARR}.rollout.do_sample")),
-        g(f"{ARR}.rollout.temperature"),
-        g(f"{ARR}.rollout.top_k"),
-        g(f"{ARR}.rollout.top_p"),
-        g(f"{ARR}.rollout.name"),
-    )
 
 
 def predict(cfg: VerlConfig, batch: DataProto, dispatch: str = "mesh") -> StepTrace:
@@ -294,14 +243,16 @@ def run_rollout(
 
 def hold_ray(num_cpus: int = 4) -> bool:
     """Start Ray once for several groups (True when this call started it); no-op where Ray is not installed."""
-    from labkit.runtime.ray_launcher import ray_available, start_ray
+    from labkit.runtime.ray_init import ray_available
+    from labkit.runtime.ray_launcher import start_ray
 
     return start_ray(num_cpus) if ray_available() else False
 
 
 def release_ray(owned: bool) -> bool:
     """Stop Ray if ``hold_ray`` started it; True when no Ray session that labkit started is left up."""
-    from labkit.runtime.ray_launcher import import_ray, stop_ray
+    from labkit.runtime.ray_init import import_ray
+    from labkit.runtime.ray_launcher import stop_ray
 
     if not owned:
         return True

@@ -15,7 +15,8 @@ import ipywidgets as W
 
 from labkit.balance import balance_batch, micro_batches
 from labkit.config.lengths import LengthsError
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.rules.geometry import lengths_for_config
 from labkit.ui import balance_figures, figures, lessons
 from labkit.ui import panel_parts as parts

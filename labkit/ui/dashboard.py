@@ -12,17 +12,18 @@ call and shown as plain outputs. Widgets carry stable CSS classes (``CSS``) for 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from labkit.config.lengths import profile_names
 from labkit.config.versions import RELEASES
 from labkit.memory.gpus import gpu_names
-from labkit.memory.shapes import model_names
+from labkit.memory.model_catalogue import model_names
 from labkit.ui import dashboard_state as S
 from labkit.ui.dashboard_figures import METRICS, mime_bundle
+from labkit.ui.dashboard_memory import memory_inputs, memory_knobs
 from labkit.ui.dashboard_view import View, heading, render, show
+from labkit.ui.latest_worker import LatestWorker
 
 AUTO_TOKEN_SAMPLES = 65_536  # above this B·n the per-token plan (seconds) waits for the "plan tokens" button
 RELEASE_CHOICES = tuple(reversed(RELEASES))
@@ -49,53 +50,6 @@ CSS = {  # widget -> CSS class
 }
 
 
-class _Worker:
-    """One thread that runs the latest submitted job; a job submitted while another runs replaces any waiting one.
-    The thread ends when nothing is waiting (no thread outlives its work)."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._job: Callable[[], None] | None = None
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cv:
-            self._job = job
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="labkit-dashboard", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                job, self._job = self._job, None
-                if job is None:
-                    self._thread = None
-                    self._cv.notify_all()
-                    return
-            job()
-
-    def wait(self, timeout: float = 60.0) -> bool:
-        """Block until no job runs or waits (tests, a headless caller); False on timeout."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self._thread is None, timeout)
-
-
-OPTIMIZER = "actor_rollout_ref.actor.optim.override_optimizer_config"
-
-
-def memory_knobs(lora_rank: int, cpu_optimizer_share: float) -> tuple[str, ...]:
-    """The overrides of the dashboard's memory inputs, applied after the text: a LoRA rank (0: the text's own), the
-    share megatron-core's CPU optimizer holds (0: the text's own; read by the Megatron engine only)."""
-    out = (f"actor_rollout_ref.model.lora_rank={lora_rank}",) if lora_rank > 0 else ()
-    if cpu_optimizer_share > 0:
-        out += (
-            f"+{OPTIMIZER}.optimizer_cpu_offload=true",
-            f"+{OPTIMIZER}.optimizer_offload_fraction={cpu_optimizer_share}",
-        )
-    return out
-
-
 class Dashboard:
     """The widgets over ``dashboard_state``: ``update()`` re-reads every control; ``view`` / ``state`` are what is
     shown now. ``background=False`` computes the whole state inside ``update`` (headless runs, tests)."""
@@ -106,7 +60,7 @@ class Dashboard:
         import ipywidgets as W
 
         first = replace(S.Inputs(text), **inputs)
-        self.background, self._worker, self._lock, self._gen = background, _Worker(), threading.Lock(), 0
+        self.background, self._worker, self._lock, self._gen = background, LatestWorker(), threading.Lock(), 0
         self._extra = first.extra  # a caller's overrides, kept before the memory inputs' own
         style, wide = {"description_width": "70px"}, W.Layout(width="300px")
         self.text = W.Textarea(value=text, layout=W.Layout(width="100%", height="300px"), continuous_update=True)
@@ -140,14 +94,7 @@ class Dashboard:
             style=style,
             layout=W.Layout(width="300px", height="60px"),
         )
-        self.lora = W.BoundedIntText(
-            value=0, min=0, max=1024, description="LoRA rank", tooltip="actor_rollout_ref.model.lora_rank (0: off)",
-            style=style, layout=wide,
-        )  # fmt: skip
-        self.cpu_optimizer = W.BoundedFloatText(
-            value=0.0, min=0.0, max=1.0, step=0.25, description="CPU optim.", style=style, layout=wide,
-            tooltip="Megatron: the share of the optimizer megatron-core's CPU optimizer holds (optimizer_offload_fraction)",
-        )  # fmt: skip
+        self.lora, self.cpu_optimizer = memory_inputs(style, wide)
         self.metric = W.Dropdown(
             options=[(v, k) for k, v in METRICS.items()],
             value="tokens",

@@ -20,15 +20,16 @@ from typing import Any
 from labkit.config import versions
 from labkit.config.launch_script import LaunchError, parse_sets
 from labkit.config.lengths import LengthsError
+from labkit.config.messages import ConfigError
 from labkit.config.text_input import ConfigText, load_pasted_config
-from labkit.config.verl_config import ConfigError, VerlConfig
+from labkit.config.verl_config import VerlConfig
 from labkit.memory.choice import settings_for
 from labkit.memory.model_source import check_shape, model_for
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.plan.hang_risk import ZERO_SIZE, HangRisk, config_risks, stage_budgets, trace_risks
 from labkit.plan.step import PlanTooLarge, plan
 from labkit.rules.failures import StageFailure
-from labkit.rules.geometry import BatchGeometry
+from labkit.rules.run import Run, as_run
 from labkit.trace import StepTrace
 from labkit.validate.report import Report, check
 
@@ -65,7 +66,7 @@ class State:
 
     inputs: Inputs
     read: ConfigText | None = None
-    cfg: VerlConfig | None = None
+    run: Run | None = None  # the input's config resolved once: the check, plan, hang risks and memory take it
     error: Exception | None = None
     report: Report | None = None
     trace: StepTrace | None = None
@@ -78,6 +79,11 @@ class State:
     risks: list[HangRisk] = field(default_factory=list)
     dynamic: bool = False  # a stage cuts token-budget micro-batches (hangs (a) and (b) depend on the lengths)
     timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cfg(self) -> VerlConfig | None:
+        """The config as read (the run's own copy)."""
+        return self.run.config if self.run is not None else None
 
     @property
     def stage_errors(self) -> dict[str, dict[str, str]]:
@@ -112,7 +118,7 @@ class State:
 
     @property
     def samples(self) -> int:
-        return BatchGeometry.from_config(self.cfg).samples if self.cfg is not None else 0
+        return self.run.geometry.samples if self.run is not None else 0
 
 
 class _Lru:
@@ -158,10 +164,10 @@ def _timed(st: State, name: str, fn: Any) -> Any:
         st.timings_ms[name] = st.timings_ms.get(name, 0.0) + 1000 * (time.perf_counter() - t0)
 
 
-def _plan(st: State, cfg: VerlConfig, tokens: bool) -> None:
+def _plan(st: State, cfg: Run, tokens: bool) -> None:
     """The step's trace (per token when lengths are chosen and B·n is small enough, or when asked) and its hang
     risks (a)-(c) for the same lengths."""
-    geo = BatchGeometry.from_config(cfg)
+    geo = cfg.geometry
     want = st.inputs.lengths != NO_LENGTHS
     st.tokens_deferred = want and not tokens and geo.samples > INLINE_SAMPLES
     if want and not st.tokens_deferred:
@@ -179,7 +185,7 @@ def _plan(st: State, cfg: VerlConfig, tokens: bool) -> None:
     st.risks = _timed(st, "hang_risk", lambda: trace_risks(st.trace, st.lengths, budgets, width))
 
 
-def _memory(st: State, cfg: VerlConfig) -> None:
+def _memory(st: State, cfg: Run) -> None:
     """Per-phase peaks, decided as ``labkit memory`` decides (``labkit.memory.choice.settings_for``): for the chosen
     lengths when the step was planned with them (worst and typical micro-batch), else every sample at full width."""
     st.model_name, note = resolve_model(st.inputs.model, cfg)
@@ -226,14 +232,14 @@ def quick(inputs: Inputs) -> State:
         rel = versions.release(inputs.verl) if inputs.verl else None
         profile = rel.profile if rel is not None else inputs.profile
         sets = parse_sets(line for line in inputs.sets if line.strip())
-        st.cfg, st.read = _timed(
+        config, st.read = _timed(
             st, "parse", lambda: load_pasted_config(inputs.text, profile, _overrides(inputs, rel), sets=sets)
         )
-        cfg = st.cfg = versions.apply_release(st.cfg, rel)
-        st.report = _timed(st, "check", lambda: check(cfg, **check_shape(cfg)))
+        run = st.run = as_run(versions.apply_release(config, rel))  # read once; every later answer takes the run
+        st.report = _timed(st, "check", lambda: check(run, **check_shape(run)))
         first = st.report.first_error
         if first is not None and first.code in ZERO_SIZE:  # normalised to 0: early verl's split(0) hang
-            st.risks = _timed(st, "hang_risk", lambda: config_risks(cfg, None))
+            st.risks = _timed(st, "hang_risk", lambda: config_risks(run, None))
     except (ConfigError, versions.VersionError, LaunchError) as exc:  # the text, a key, a value, a version
         st.error = exc
         st.read = getattr(exc, "read", st.read)  # what a script passed, listed beside the error
@@ -271,12 +277,12 @@ def evaluate(inputs: Inputs, tokens: bool = False) -> State:
     base = quick(inputs)
     if final(base):
         return base
-    st = State(inputs, read=base.read, cfg=base.cfg, report=base.report, timings_ms=dict(base.timings_ms))
+    st = State(inputs, read=base.read, run=base.run, report=base.report, timings_ms=dict(base.timings_ms))
     t0 = time.perf_counter()
     try:
-        _plan(st, st.cfg, tokens)
+        _plan(st, st.run, tokens)
         if st.accepted:
-            _memory(st, st.cfg)
+            _memory(st, st.run)
     except (ConfigError, LengthsError) as exc:  # lengths wider than the rollout width ...
         st.error = exc
     except Exception as exc:  # noqa: BLE001 - a labkit bug: shown as a card, never a view stuck at "planning…"

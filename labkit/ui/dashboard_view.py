@@ -11,7 +11,6 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.rules.geometry import BatchGeometry
 from labkit.ui import dashboard_figures as F
 from labkit.ui.dashboard_state import State, final
 from labkit.ui.suite import notebook_for_code, panel_links
@@ -81,7 +80,7 @@ def _read_list(st: State) -> str:
 def _status(st: State, pending: bool) -> str:
     parts = [st.read.head()] if st.read is not None else ["labkit cannot read the text"]
     if st.cfg is not None:
-        geo = BatchGeometry.from_config(st.cfg)
+        geo = st.run.geometry
         pad = f" + {geo.padding_rows:,} v1 padding rows" if geo.padding_rows else ""
         loop = f", {geo.loop} loop" if geo.loop != "legacy" else ""
         lay = geo.parallel

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 import torch
 
-from labkit.plan.rollout_engine import EnginePlan
+from labkit.plan.engine_plan import EnginePlan
 from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 

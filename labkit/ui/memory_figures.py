@@ -16,8 +16,9 @@ from labkit.config.verl_config import load_config
 from labkit.memory.answer_text import render_text
 from labkit.memory.choice import settings_for
 from labkit.memory.gpus import gpu_names
-from labkit.memory.settings import MemorySettings, compile_key
-from labkit.memory.shapes import model_names
+from labkit.memory.model_catalogue import model_names
+from labkit.memory.settings import MemorySettings
+from labkit.memory.settings_keys import compile_key
 from labkit.memory.step_memory import phase_of
 from labkit.memory.verdict import MemoryReport, memory_report
 from labkit.trace import StepTrace

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 
-from labkit.config.verl_config import ConfigError, load_config
+from labkit.config.messages import ConfigError
+from labkit.config.verl_config import load_config
 from labkit.trace import StepTrace
 from labkit.ui import panel_parts as parts
 from labkit.ui import widget_outputs as outputs

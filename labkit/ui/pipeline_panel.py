@@ -11,7 +11,7 @@ from typing import Any
 import ipywidgets as W
 
 from labkit.config.keys import ACTOR, ARR
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.plan.pipeline_schedule import pipeline_schedule, schedule_check
 from labkit.rules.megatron_ranks import layout_check
 from labkit.rules.parallel_layout import ParallelLayout

@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 
 from labkit.protocol.data_proto import DataProto
 from labkit.trace import StepTrace
-from labkit.trainer.live_rollout import RETURNED, LiveRollout, returned, rollout_config
+from labkit.trainer.live_config import rollout_config
+from labkit.trainer.live_rollout import RETURNED, LiveRollout, returned
 from labkit.ui.figure_style import Figure
 from labkit.ui.figures import PALETTE, _layout
 

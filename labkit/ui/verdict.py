@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labkit.config.lengths import LengthsError
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.config.yaml_input import YamlInputError
 from labkit.rules.catalogue import CatalogueEntry, catalogue, code_of, message_fields
 from labkit.rules.failures import StageFailure

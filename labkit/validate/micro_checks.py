@@ -1,7 +1,7 @@
-"""Micro- and mini-batch checks of the first step's forward and update passes, per profile: the dynamic token
-budget (E31), static forward micro-batching (legacy ragged ``DataProto.split``, engine E30), the legacy update's
-mini-batches and their loss weights (silent S-codes) and the engine's ``train_mini_batch`` (E28, E29, E30).
-``labkit.validate.first_step`` calls them stage by stage.
+"""The micro-batching of one pass at step 1, one check per function: the dynamic token budget (E31: against the
+padded width on the legacy workers, the longest row on the engine's), and static micro-batching of a forward-only
+pass (legacy ragged ``DataProto.split``: X3, X2, S3; the engine's ``prepare_micro_batches``: X3, E30).
+``forward_passes`` applies them to each forward pass, ``update_checks`` to the update passes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from labkit.rules.catalogue import message
 from labkit.rules.geometry import ceil_div
-from labkit.validate.snapshot import AE, ERROR, NOTICE, SILENT, STEP1, VE, Run, Snap, mod
+from labkit.validate.snapshot import AE, ERROR, NOTICE, SILENT, STEP1, VE, Recorder, Snap, mod
 
 SEQ = "verl/utils/seqlen_balancing.py"
 
@@ -37,238 +37,105 @@ class Split:
         return " + ".join(f"{count} x {size}" for count, size in ((full, self.size), (1, rest)) if count and size)
 
 
-def budget_check(run: Run, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
-    """E31: the dynamic token budget (x sp) against the padded width (legacy) or the longest row (engine)."""
+def _budget_line(s: Snap, key: str, tok: int, sp: int) -> str:
+    return f"max_token_len = {key} x {'CP' if s.megatron else 'sp'} = {tok} x {sp} = {tok * sp}"
+
+
+def padded_width_budget(rec: Recorder, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
+    """E31 on the legacy workers: the budget (x sp) must cover the padded width, prompt + response length."""
     budget = tok * sp
-    where = f"{SEQ}: rearrange_micro_batches ({stage})"
-    arith = [f"max_token_len = {key} x {'CP' if s.megatron else 'sp'} = {tok} x {sp} = {budget}"]
-    if s.legacy:
-        arith.append(
-            f"padded width = prompt_length + response_length = {s.prompt_length} + {s.response_length} = {s.width}"
-        )
-        run.add(
-            budget < s.width,
-            "E31",
-            AE,
-            message("E31", budget=budget, longest=s.width),
-            STEP1,
-            where,
-            arith,
-            "Legacy micro-batching sees padded rows, so the budget must cover the full padded width.",
-            role=role,
-        )
-        return
-    longest, sev = (s.max_seq_len, ERROR) if s.max_seq_len is not None else (s.width, NOTICE)
-    arith.append(
-        f"longest row = {longest}"
-        if s.max_seq_len is not None
-        else f"longest possible row = {s.prompt_length} + {s.response_length} = {s.width}"
+    rec.add(
+        budget < s.width,
+        "E31",
+        AE,
+        message("E31", budget=budget, longest=s.width),
+        STEP1,
+        f"{SEQ}: rearrange_micro_batches ({stage})",
+        [
+            _budget_line(s, key, tok, sp),
+            f"padded width = prompt_length + response_length = {s.prompt_length} + {s.response_length} = {s.width}",
+        ],
+        "Legacy micro-batching sees padded rows, so the budget must cover the full padded width.",
+        role=role,
     )
-    expl = (
-        "The budget must hold the longest row (prompt + response tokens)."
-        if s.max_seq_len is not None
-        else f"Fires only if some row is longer than {budget} tokens (the longest possible row has {s.width})."
-    )
-    run.add(
+
+
+def longest_row_budget(rec: Recorder, s: Snap, key: str, tok: int, sp: int, stage: str, role: str) -> None:
+    """E31 on the engine workers: the budget (x sp) must hold the longest row; without ``max_seq_len`` only the
+    longest possible row is known, so a shortfall is a notice."""
+    budget = tok * sp
+    known = s.max_seq_len is not None
+    longest = s.max_seq_len if known else s.width
+    rec.add(
         budget < longest,
         "E31",
         AE,
         message("E31", budget=budget, longest=f"tensor({longest})"),
         STEP1,
-        where,
-        arith,
-        expl,
-        sev,
+        f"{SEQ}: rearrange_micro_batches ({stage})",
+        [
+            _budget_line(s, key, tok, sp),
+            f"longest row = {longest}"
+            if known
+            else f"longest possible row = {s.prompt_length} + {s.response_length} = {s.width}",
+        ],
+        "The budget must hold the longest row (prompt + response tokens)."
+        if known
+        else f"Fires only if some row is longer than {budget} tokens (the longest possible row has {s.width}).",
+        ERROR if known else NOTICE,
         role=role,
     )
 
 
-def static_forward_checks(run: Run, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
-    """Static forward-only micro-batching: legacy DataProto.split (ragged allowed), engine E30."""
-    if s.legacy:
-        where = f"verl/workers/actor/dp_actor.py: DataParallelPPOActor.compute_log_prob ({stage})"
-        if run.add(
-            micro is None,
-            "X3",
-            "TypeError",
-            "'NoneType' object cannot be interpreted as an integer",
-            STEP1,
-            where,
-            [f"{key} = None"],
-            "No micro-batch size reaches the worker (its use_dynamic_bsz is off).",
-            role=role,
-        ):
-            return
-        if run.add(
-            micro == 0,
-            "X2",
-            VE,
-            "range() arg 3 must not be zero",
-            STEP1,
-            where,
-            [f"{key} = 0"],
-            "The deprecated global size floor-divided to 0 per GPU, and DataProto.split(0) fails.",
-            role=role,
-        ):
-            return
-        pieces = Split(rows, micro)
-        run.add(
-            rows % micro != 0,
-            "S3",
-            None,
-            f"{stage}: {rows} rows per rank split into micro-batches {pieces.describe()} (last one ragged)",
-            STEP1,
-            where,
-            [
-                f"{stage}: {rows} rows / {micro} per micro-batch = {len(pieces)} micro-batches of {micro}"
-                if rows % micro == 0
-                else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {pieces.describe()}"
-            ],
-            "DataProto.split allows a short last micro-batch; harmless for log-probs.",
-            SILENT,
-            role=role,
-        )
+def split_forward(rec: Recorder, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
+    """Legacy static forward-only micro-batching: ``DataProto.split(m)`` (X3 no size, X2 a size of 0, S3 ragged)."""
+    where = f"verl/workers/actor/dp_actor.py: DataParallelPPOActor.compute_log_prob ({stage})"
+    if rec.add(
+        micro is None, "X3", "TypeError", "'NoneType' object cannot be interpreted as an integer", STEP1, where,
+        [f"{key} = None"], "No micro-batch size reaches the worker (its use_dynamic_bsz is off).", role=role,
+    ):  # fmt: skip
         return
-    where = f"verl/workers/engine/utils.py: prepare_micro_batches ({stage})"
-    if run.add(
-        micro is None,
-        "X3",
-        "TypeError",
-        "unsupported operand type(s) for *: 'int' and 'NoneType'",
+    if rec.add(
+        micro == 0, "X2", VE, "range() arg 3 must not be zero", STEP1, where, [f"{key} = 0"],
+        "The deprecated global size floor-divided to 0 per GPU, and DataProto.split(0) fails.", role=role,
+    ):  # fmt: skip
+        return
+    pieces = Split(rows, micro)
+    rec.add(
+        rows % micro != 0,
+        "S3",
+        None,
+        f"{stage}: {rows} rows per rank split into micro-batches {pieces.describe()} (last one ragged)",
         STEP1,
         where,
-        [f"{key} = None"],
-        "No per-GPU micro-batch size reaches the engine (its use_dynamic_bsz is off).",
+        [
+            f"{stage}: {rows} rows / {micro} per micro-batch = {len(pieces)} micro-batches of {micro}"
+            if rows % micro == 0
+            else f"ceil({rows} / {micro}) = {len(pieces)} micro-batches: {pieces.describe()}"
+        ],
+        "DataProto.split allows a short last micro-batch; harmless for log-probs.",
+        SILENT,
         role=role,
-    ):
+    )
+
+
+def engine_forward(rec: Recorder, s: Snap, rows: int, micro: int | None, key: str, stage: str, role: str) -> None:
+    """The engine's static forward-only micro-batching, ``prepare_micro_batches``: X3 no size, E30 rows % m."""
+    where = f"verl/workers/engine/utils.py: prepare_micro_batches ({stage})"
+    if rec.add(
+        micro is None, "X3", "TypeError", "unsupported operand type(s) for *: 'int' and 'NoneType'", STEP1, where,
+        [f"{key} = None"], "No per-GPU micro-batch size reaches the engine (its use_dynamic_bsz is off).", role=role,
+    ):  # fmt: skip
         return
-    run.add(
+    whole = [f"{stage}: {rows} rows / {micro} per micro-batch = {rows // micro} micro-batches of {micro}"]
+    rec.add(
         rows % micro != 0,
         "E30",
         AE,
         message("E30"),
         STEP1,
         where,
-        [f"rows per rank = {rows}", mod(rows, micro)]
-        + (
-            [f"{stage}: {rows} rows / {micro} per micro-batch = {rows // micro} micro-batches of {micro}"]
-            if rows % micro == 0
-            else []
-        ),
+        [f"rows per rank = {rows}", mod(rows, micro)] + (whole if rows % micro == 0 else []),
         "Engine static micro-batching needs rows per rank divisible by the micro size.",
         role=role,
     )
-
-
-def legacy_update_checks(
-    run: Run, s: Snap, rows: int, Mp: int, micro: int | None, budget: tuple | None, role: str
-) -> None:
-    """Legacy update_policy/update_critic: data.split(M') mini-batches, then split(m) or token budget."""
-    where = (
-        "verl/workers/actor/dp_actor.py: DataParallelPPOActor.update_policy"
-        if role == "actor"
-        else "verl/workers/critic/dp_critic.py: DataParallelPPOCritic.update_critic"
-    )
-    if run.add(
-        Mp == 0,
-        "X2",
-        VE,
-        "range() arg 3 must not be zero",
-        STEP1,
-        where,
-        [f"M' = {Mp}"],
-        "The normalised mini-batch is 0 and DataProto.split(0) fails.",
-        role=role,
-    ):
-        return
-    if budget is not None:
-        budget_check(run, s, *budget, role)
-    minis = Split(rows, Mp)
-    run.add(
-        rows % Mp != 0,
-        "S1",
-        None,
-        f"{role} update: {rows} rows per rank split into mini-batches {minis.describe()} (last one ragged)",
-        STEP1,
-        where,
-        [f"mini-batches per epoch = ceil({rows} / {Mp}) = {len(minis)}", mod(rows, Mp)],
-        "Legacy verl floors M' and never checks (B x n / D) % M'; the last optimizer step sees fewer rows.",
-        SILENT,
-        role=role,
-    )
-    if budget is not None or not micro:
-        if budget is not None and rows % Mp:
-            run.add(
-                True,
-                "S2",
-                None,
-                f"last mini-batch of {minis.last} rows is weighted {minis.last}/{Mp} of a full one",
-                STEP1,
-                where,
-                [f"loss scale = rows / M' = {minis.last} / {Mp}"],
-                "Dynamic micro-batches scale each loss by rows/M', so the short mini-batch is under-weighted.",
-                SILENT,
-                role=role,
-            )
-        return
-    GA = Mp // micro
-    last = Split(minis.last, micro)
-    run.add(
-        rows % Mp != 0,
-        "S2",
-        None,
-        f"last mini-batch: {len(last)} micro-batches ({last.describe()}) each scaled 1/GA = 1/{GA}",
-        STEP1,
-        where,
-        [f"GA = {Mp} // {micro} = {GA}", f"last mini-batch weight = {len(last)}/{GA} of a full one"]
-        if rows % Mp
-        else [f"GA = {Mp} // {micro} = {GA}"],
-        "Static micro-batches always scale by 1/GA, so a short mini-batch contributes a smaller gradient.",
-        SILENT,
-        role=role,
-    )
-
-
-def engine_update_checks(run: Run, s: Snap, M: int, D: int, micro: int | None, dyn: bool, role: str) -> int | None:
-    """Engine TrainingWorker.train_mini_batch: E28, E29, then static E30 per mini-batch; returns the mini size."""
-    Mn, rows = M * s.rollout_n, s.samples // D
-    where = "verl/workers/engine_workers.py: TrainingWorker.train_mini_batch"
-    if run.add(
-        Mn % D != 0,
-        "E28",
-        AE,
-        message("E28", mini_batch_size=Mn, dp_size=D),
-        STEP1,
-        where,
-        [f"mini_batch_size = {M} x {s.rollout_n} = {Mn}", mod(Mn, D)],
-        "The engine requires the global mini-batch M x n to split evenly over the DP ranks.",
-        role=role,
-    ):
-        return None
-    mini = Mn // D
-    if run.add(
-        rows % mini != 0,
-        "E29",
-        AE,
-        message("E29", rows=rows, mini=mini),
-        STEP1,
-        "verl/utils/tensordict_utils.py: make_iterator",
-        [f"mini per rank = {Mn} / {D} = {mini}", mod(rows, mini)],
-        "Each rank's rows must be a whole number of mini-batches.",
-        role=role,
-    ):
-        return None
-    if not dyn and micro is not None:
-        run.add(
-            mini % micro != 0,
-            "E30",
-            AE,
-            message("E30"),
-            STEP1,
-            f"verl/workers/engine/utils.py: prepare_micro_batches ({role} update)",
-            [f"mini per rank = {mini}", mod(mini, micro)]
-            + ([f"GA = {mini} // {micro} = {mini // micro}"] if mini % micro == 0 else []),
-            "Engine static micro-batching needs the per-rank mini-batch divisible by the micro size.",
-            role=role,
-        )
-    return mini

@@ -4,8 +4,9 @@
 start-up (``verl/utils/config.py: validate_config``), worker init (legacy ``fsdp_workers.py`` normalisation and
 asserts, or the 0.9.1 ``engine_workers.py`` asserts), and step 1 (agent-loop split, ``_balance_batch``,
 dispatch, micro-batching, mini-batching) — and returns a ``Report``. ``raise_for(cfg)`` raises what verl would
-raise first, with verl's exact message. Rules live in ``startup`` (start-up), ``worker_init``
-(worker init) and ``first_step`` (step 1); fixes in ``fixes``; the config snapshot in ``snapshot``.
+raise first, with verl's exact message. The rule lists live in ``startup`` (start-up), ``worker_init``
+(worker init) and ``first_step`` (step 1); fixes in ``fixes``; the config snapshot in ``snapshot``; the normalised
+sizes the planner reads (``dp_size``, ``normalized_mini``, ...) in ``batch_sizes``.
 
 A ``Finding``'s ``fixes`` are alternatives, each one Hydra-style override string (several overrides separated
 by spaces, ``~key`` = back to verl's default) that was re-checked to make the whole config pass.
@@ -16,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.config.verl_config import VerlConfig
-from labkit.rules.geometry import BatchGeometry, legacy_normalized_mini
+from labkit.rules.run import Run as ResolvedRun
+from labkit.rules.run import as_run
 from labkit.rules.v1_loop import first_update_step
 from labkit.validate.first_step import step_checks
 from labkit.validate.fixes import FIXED, Searcher
-from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, STEP1, Finding, Run, Snap
+from labkit.validate.snapshot import ERROR, NOTICE, PASS, SILENT, STEP1, Finding, Recorder, Snap
 from labkit.validate.startup import startup_checks
 from labkit.validate.worker_init import worker_checks
 
@@ -32,10 +34,6 @@ __all__ = [
     "VerlCheckError",
     "VerlAssertionError",
     "VerlValueError",
-    "dp_size",
-    "normalized_mini",
-    "rows_per_rank",
-    "mini_batch_arithmetic",
 ]
 FIX_BUDGET = 80  # re-checks the fix search may spend per check() call (memoised)
 
@@ -104,7 +102,7 @@ _SHOWN += ("M7", "M9", "M11", "M12", "M16", "M17", "M18", "M21", "M22", "M23")  
 
 
 def _evaluate(
-    cfg: VerlConfig,
+    cfg: VerlConfig | ResolvedRun,
     heads: int | None = None,
     kv_heads: int | None = None,
     max_seq_len: int | None = None,
@@ -115,24 +113,24 @@ def _evaluate(
     """Run every rule once (no fix search): start-up, worker init, step 1, and, when ``trainer.critic_warmup`` > 1
     and the step is reached (``global_step`` None: any step), the first step with an actor update: what verl
     raises there is reported at that step, after every step-1 check (verl stops at the first)."""
-    s = Snap(cfg, heads, kv_heads, max_seq_len, shape=shape)
-    run = Run(passes)
-    startup_checks(run, s)
-    norm = worker_checks(run, s)
-    step_checks(run, s, norm)
+    s = Snap(as_run(cfg), heads, kv_heads, max_seq_len, shape=shape)
+    rec = Recorder(passes)
+    startup_checks(rec, s)
+    norm = worker_checks(rec, s)
+    step_checks(rec, s, norm)
     warmup = first_update_step(s.critic_warmup, global_step)
-    if warmup is not None and not any(c.severity == ERROR for c in run.checks):
-        later = Run(passes=False)
-        step_checks(later, Snap(cfg, heads, kv_heads, max_seq_len, global_step=warmup, shape=shape), norm)
+    if warmup is not None and not any(c.severity == ERROR for c in rec.checks):
+        later = Recorder(passes=False)
+        step_checks(later, Snap(s.run.at_step(warmup), heads, kv_heads, max_seq_len, shape=shape), norm)
         for f in later.checks:
             if f.severity == ERROR:
                 f.when = f"step {warmup}" if f.when == STEP1 else f.when
-                run.checks.append(f)
-    return s, run.checks
+                rec.checks.append(f)
+    return s, rec.checks
 
 
 def check(
-    cfg: VerlConfig,
+    cfg: VerlConfig | ResolvedRun,
     num_attention_heads: int | None = None,
     num_key_value_heads: int | None = None,
     *,
@@ -143,7 +141,8 @@ def check(
     num_experts: int | None = None,
     vocab_size: int | None = None,
 ) -> Report:
-    """All of verl's batch-size checks for ``cfg`` (profile from the config), with verified fixes.
+    """All of verl's batch-size checks for ``cfg`` (profile from the config; a resolved run is used as it is, a
+    config resolved once), with verified fixes.
 
     Head counts enable E41/E42; ``max_seq_len`` (longest prompt+response row) makes the engine's E31 definite
     instead of a conditional notice. ``global_step``: the steps verl runs, 1..global_step (None: all of them), so a
@@ -172,7 +171,7 @@ def check(
                 )
             return memo[key]
 
-        searcher = Searcher(cfg, s, checks, ev, FIX_BUDGET)
+        searcher = Searcher(s.cfg, s, checks, ev, FIX_BUDGET)
         done: dict[tuple, list[str]] = {}
         others = [c for c in checks if c.code in FIXED and c.severity in (SILENT, NOTICE)]
         for f in [c for c in checks if c.severity == ERROR] + others:
@@ -180,7 +179,7 @@ def check(
             if alias not in done and searcher.budget > 0:
                 done[alias] = searcher.fixes_for(f)
             f.fixes = list(done.get(alias, []))
-    return Report(cfg.profile, checks)
+    return Report(s.profile, checks)
 
 
 class VerlCheckError(Exception):
@@ -260,54 +259,3 @@ def raise_for(
     first = check(cfg, **args, fixes=False).first_error
     if first is not None:
         raise _EXC.get(first.exc_type or "", VerlCheckError)(first, cfg, args)
-
-
-# -- normalised quantities the planner needs, per profile, never raising -----------------------------------------
-def _sp(cfg: VerlConfig, role: str) -> int:
-    """Ulysses size a role's DP mesh uses (the engine's critic engine always uses 1)."""
-    if role == "critic":
-        return cfg.get("critic.ulysses_sequence_parallel_size") if cfg.profile == "legacy" else 1
-    key = "actor_rollout_ref.ref" if role == "ref" else "actor_rollout_ref.actor"
-    return cfg.get(f"{key}.ulysses_sequence_parallel_size")
-
-
-def dp_size(cfg: VerlConfig, role: str = "actor") -> int:
-    """DP size of a role: W // sp (the engine's critic ignores critic.ulysses_sequence_parallel_size); under Megatron
-    the trainer-facing DP of the actor's layout, which every colocated role runs with (0 when it does not divide)."""
-    layout = BatchGeometry.from_config(cfg).parallel
-    if layout.is_megatron:
-        return layout.trainer_dp_size
-    return cfg.n_gpus // _sp(cfg, role)
-
-
-def normalized_mini(cfg: VerlConfig, role: str = "actor") -> int | None:
-    """Per-rank mini-batch rows: legacy M' = (M x n) // (W // sp); engine (M x n) / D, None if not divisible."""
-    M = cfg.get("critic.ppo_mini_batch_size" if role == "critic" else "actor_rollout_ref.actor.ppo_mini_batch_size")
-    Mn, D = M * cfg.get("actor_rollout_ref.rollout.n"), dp_size(cfg, role)
-    if D == 0:
-        return None
-    if cfg.profile == "legacy" and cfg.get("actor_rollout_ref.actor.strategy") == "megatron":
-        return Mn // D  # megatron_workers.py: *= n, //= DP, no assert
-    if cfg.profile == "legacy":
-        return legacy_normalized_mini(M, cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role))
-    return Mn // D if Mn % D == 0 else None
-
-
-def rows_per_rank(cfg: VerlConfig, role: str = "actor") -> int | None:
-    """Rows each DP rank holds at step 1: B x n / D (None when not divisible: verl fails at dispatch)."""
-    N, D = BatchGeometry.from_config(cfg).samples, dp_size(cfg, role)
-    return N // D if D and N % D == 0 else None
-
-
-def mini_batch_arithmetic(cfg: VerlConfig, role: str = "actor") -> str:
-    """The normalisation as the reports write it, e.g. "M' = (60 x 12) // (6 // 1) = 120"."""
-    M = cfg.get("critic.ppo_mini_batch_size" if role == "critic" else "actor_rollout_ref.actor.ppo_mini_batch_size")
-    n, W, sp = cfg.get("actor_rollout_ref.rollout.n"), cfg.n_gpus, _sp(cfg, role)
-    layout = BatchGeometry.from_config(cfg).parallel
-    if layout.is_megatron:
-        sp = layout.dp_divisor  # TP x PP x CP (dynamic CP: the trainer sees DP = 1)
-    mini = normalized_mini(cfg, role)
-    if cfg.profile == "legacy":
-        return f"M' = ({M} x {n}) // ({W} // {sp}) = {mini}"
-    shown = mini if mini is not None else f"{M * n}/{W // sp} (not whole)"
-    return f"mini per rank = ({M} x {n}) / ({W} // {sp}) = {shown}"

@@ -1,6 +1,6 @@
 """What every validate check reads and writes: the snapshot of a config (``Snap``: each key's effective value, named
 after the key, plus the batch geometry), the record of one check (``Finding``) and the recorder that keeps them in
-execution order (``Run``), with the constants the checks share (severities, when, exception types, verl files).
+execution order (``Recorder``), with the constants the checks share (severities, when, exception types, verl files).
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from labkit.config.keys import KEYS
 from labkit.config.verl_config import VerlConfig
-from labkit.rules.geometry import BatchGeometry
+from labkit.rules.run import Run as ResolvedRun
+from labkit.rules.run import as_run
 
 ERROR, SILENT, NOTICE, PASS = "error", "silent", "notice", "pass"
 AE, VE = "AssertionError", "ValueError"
@@ -105,17 +106,20 @@ _CHAINS = {path: _chain(path) for path in _SNAP_KEYS.values()}
 
 class Snap:
     """The effective values every check reads (one ``cfg.get`` each, named after their keys in ``_SNAP_KEYS``),
-    plus the batch geometry (``geo``) and its sizes the checks use most: world_size, prompts, samples, width."""
+    plus the run's batch geometry (``geo``) and its sizes the checks use most: world_size, prompts, samples, width.
+    Built from the resolved run (``labkit.rules.run``); a config is resolved here once when given instead."""
 
     def __init__(
         self,
-        cfg: VerlConfig,
+        cfg: VerlConfig | ResolvedRun,
         heads: int | None = None,
         kv_heads: int | None = None,
         max_seq_len: int | None = None,
-        global_step: int = 1,
+        global_step: int | None = None,
         shape: dict | None = None,
     ) -> None:
+        self.run = run = as_run(cfg, global_step)
+        cfg = run.config
         values = cfg.values
         for name, path in _SNAP_KEYS.items():
             for p in _CHAINS[path]:  # the key, then the keys it follows (OmegaConf interpolations)
@@ -130,15 +134,15 @@ class Snap:
         shape = shape or {}  # the Megatron model checks' other shape numbers (None: not checked)
         self.num_layers, self.num_experts, self.vocab_size = (shape.get(k) for k in ("layers", "experts", "vocab"))
         self.cfg = cfg
-        self.geo = geo = BatchGeometry.from_config(cfg, global_step)
+        self.geo = geo = run.geometry
         self.world_size, self.prompts, self.samples, self.width = geo.world_size, geo.prompts, geo.samples, geo.width
         self.need_ref = bool(self.use_kl_in_reward or self.use_kl_loss)
-        self.need_critic = cfg.need_critic
+        self.need_critic = run.need_critic
         self.legacy = self.profile == "legacy"
         self.megatron = geo.parallel.is_megatron
 
 
-class Run:
+class Recorder:
     """Collects checks in execution order; ``add`` records one (``fired`` False -> a "pass" record)."""
 
     def __init__(self, passes: bool = True) -> None:

@@ -1,182 +1,113 @@
-"""verl's worker-init batch-size checks: legacy in-worker normalisation (0.7.1/0.8) and the 0.9.1 engine asserts.
+"""verl's worker-init batch-size checks, as an ordered list of rules: the legacy workers' in-place normalisation
+(0.7.1/0.8) or the 0.9.1 engine workers' asserts, then the rollout's config and device mesh.
 
-Mirrors ``verl/workers/fsdp_workers.py: ActorRolloutRefWorker.__init__ / CriticWorker.__init__ / _build_rollout``
-(legacy) and ``verl/workers/engine_workers.py: ActorRolloutRefWorker.init_model`` (engine), plus the Ulysses
-mesh and ``apply_monkey_patch`` head asserts, in the order the workers run them; under Megatron the engine's mesh
-and model checks (``labkit.validate.megatron_checks``) take the place of the Ulysses ones.
+Mirrors ``verl/workers/fsdp_workers.py`` / ``megatron_workers.py: ActorRolloutRefWorker.__init__ /
+CriticWorker.__init__ / _build_rollout`` (legacy: ``legacy_workers``, ``megatron_checks``) and
+``verl/workers/engine_workers.py: ActorRolloutRefWorker.init_model`` (engine), with the Ulysses mesh and
+``apply_monkey_patch`` head asserts (``ulysses_init``); under Megatron the engine's mesh and model checks
+(``megatron_checks``) take their place. The rules hand step 1 the legacy normalised sizes (``norm``).
 """
 
 from __future__ import annotations
 
-from labkit.rules.catalogue import message
-from labkit.rules.geometry import legacy_normalized_mini
-from labkit.validate.megatron_checks import engine_init, layout_notice, legacy_init
-from labkit.validate.snapshot import AE, ENGINE_W, INIT, LEGACY_W, NOTICE, RF, SILENT, VE, R, Run, Snap, mod
-from labkit.validate.startup import mutual
+from labkit.validate.legacy_workers import legacy_actor_heads, legacy_actor_worker, legacy_critic_worker
+from labkit.validate.megatron_checks import (
+    actor_engine_init,
+    critic_layout_notice,
+    legacy_megatron_init,
+    ref_engine_init,
+)
+from labkit.validate.micro_pairs import mutual
+from labkit.validate.rulebook import ENGINE, LEGACY, REF_ENGINE, STATIC, When, rule, run_rules
+from labkit.validate.snapshot import AE, INIT, LEGACY_W, NOTICE, VE, Recorder, Snap, mod
+from labkit.validate.ulysses_init import INIT_MODEL, engine_actor_ulysses, engine_ref_ulysses
+
+REF_STATIC = When("ref static", lambda s: not s.ref_log_prob_use_dynamic_bsz)
 
 
-def mesh_check(run: Run, s: Snap, sp: int, where: str, role: str) -> bool:
-    """X4: the Ulysses (dp, sp) device mesh needs W % sp == 0; returns True when it fails."""
-    return run.add(
-        sp > 1 and s.world_size % sp != 0,
-        "X4",
-        "RuntimeError",
-        f"torch init_device_mesh(mesh_shape=({s.world_size // sp}, {sp}), mesh_dim_names=['dp', 'sp']) cannot cover "
-        f"a world of {s.world_size} ranks (exact text depends on the torch version)",
+@rule("N5", when=LEGACY)
+def legacy_worker_impl_disabled(rec: Recorder, s: Snap, norm: dict) -> None:
+    rec.add(
+        s.use_legacy_worker_impl == "disable",
+        "N5",
+        None,
+        "trainer.use_legacy_worker_impl=disable: verl 0.7.1 runs the "
+        "engine workers, not the legacy ones this profile models",
         INIT,
-        where,
-        [mod(s.world_size, sp)] if sp > 1 else [f"sp = {sp}: no Ulysses mesh"],
-        f"The {role} Ulysses mesh is (W // sp, sp); W must be a multiple of sp.",
-        role=role,
+        "verl/trainer/main_ppo.py: TaskRunner",
+        ["trainer.use_legacy_worker_impl = disable"],
+        "Use profile 'engine' for the worker and step-1 checks; the start-up checks above are 0.7.1's either way.",
+        NOTICE,
+        role="trainer",
     )
 
 
-def heads_check(run: Run, s: Snap, sp: int, role: str) -> None:
-    """E41/E42: mirrors verl/models/transformers/monkey_patch.py: apply_monkey_patch head asserts."""
-    if s.heads is None and s.kv_heads is None:
-        return
-    where = "verl/models/transformers/monkey_patch.py: apply_monkey_patch"
-    if s.heads is not None:
-        run.add(
-            s.heads % sp != 0,
-            "E41",
-            AE,
-            f"num_attention_heads {s.heads} must be divisible by ulysses_sp_size {sp}",
-            INIT,
-            where,
-            [mod(s.heads, sp)],
-            "Ulysses scatters attention heads over the sp ranks.",
-            role=role,
-        )
-    if s.kv_heads is not None:
-        kv = s.kv_heads
-        bad = kv % sp != 0 and sp % kv != 0
-        run.add(
-            bad,
-            "E42",
-            AE,
-            f"num_key_value_heads {kv} must be divisible by ulysses_sp_size {sp}or vise versa. "
-            "Upon ulysses_sp_size % num_key_value_heads == 0,kv heads are repeated to ensure correctness.",
-            INIT,
-            where,
-            [mod(kv, sp), mod(sp, kv)],
-            "KV heads are split over sp, or repeated when sp is a multiple.",
-            role=role,
+@rule("E7 E6", when=ENGINE & REF_ENGINE & REF_STATIC)
+def engine_ref_micro_pair(rec: Recorder, s: Snap, norm: dict) -> None:
+    """The ref's log_prob_* keys renamed to ppo_* and re-checked as an ActorConfig (its messages say 'actor')."""
+    ref_config = f"{INIT_MODEL} (ref ActorConfig.__post_init__)"
+    dep, per_gpu = s.ref_log_prob_micro_batch_size, s.ref_log_prob_micro_batch_size_per_gpu
+    mutual(rec, "ref", dep, per_gpu, ref_config, "actor", "ref", INIT)
+    for f in rec.checks[-2:]:
+        f.explanation = (
+            "The ref's log_prob_* keys are renamed to ppo_* and re-checked as an ActorConfig (its "
+            "messages say 'actor'): " + f.explanation
         )
 
 
-def _legacy_normalize(run: Run, s: Snap, role: str) -> tuple[int | None, int | None]:
-    """Legacy in-worker normalisation (ActorRolloutRefWorker/CriticWorker.__init__): returns (M', micro per GPU)."""
-    actor = role == "actor"
-    sp, M, u, m = (
-        (s.ulysses_sp, s.ppo_mini_batch_size, s.ppo_micro_batch_size, s.ppo_micro_batch_size_per_gpu)
-        if actor
-        else (
-            s.critic_ulysses_sp,
-            s.critic_ppo_mini_batch_size,
-            s.critic_ppo_micro_batch_size,
-            s.critic_ppo_micro_batch_size_per_gpu,
-        )
+@rule("B1", when=ENGINE)
+def log_prob_dynamic_agrees(rec: Recorder, s: Snap, norm: dict) -> None:
+    rec.add(
+        s.use_dynamic_bsz != s.log_prob_use_dynamic_bsz,
+        "B1",
+        AE,
+        "",
+        INIT,
+        INIT_MODEL,
+        [
+            f"actor.use_dynamic_bsz = {s.use_dynamic_bsz}",
+            f"rollout.log_prob_use_dynamic_bsz = {s.log_prob_use_dynamic_bsz}",
+        ],
+        "Bare assert: the actor and rollout log-prob use_dynamic_bsz must agree on the engine path.",
+        role="rollout",
     )
-    where = f"{LEGACY_W}: {'ActorRolloutRefWorker' if actor else 'CriticWorker'}.__init__"
-    sec = "actor_rollout_ref.actor" if actor else "critic"
-    D = s.world_size // sp
-    Mp = legacy_normalized_mini(M, s.rollout_n, s.world_size, sp)
-    norm = f"M' = ({M} x {s.rollout_n}) // ({s.world_size} // {sp}) = {Mp}"
-    if actor and run.add(
-        Mp <= 0,
-        "E20",
+
+
+@rule("B2", when=ENGINE & STATIC)
+def log_prob_micro_per_gpu_set(rec: Recorder, s: Snap, norm: dict) -> None:
+    rec.add(
+        s.log_prob_micro_batch_size_per_gpu is None,
+        "B2",
         AE,
-        message("E20", mini=Mp),
+        "",
         INIT,
-        where,
-        [norm],
-        f"The mini-batch M x n = {M * s.rollout_n} is smaller than the DP size {D}; the floor gives 0.",
-        role=role,
-    ):
-        return None, None  # nothing after this assert runs; E21/E22 would only restate it
-    if u is not None:
-        m = u // D
-        run.add(
-            True,
-            "S4",
-            None,
-            f"{sec}.ppo_micro_batch_size {u} is floor-divided to {m} per GPU",
-            INIT,
-            where,
-            [f"{u} // ({s.world_size} // {sp}) = {m}"],
-            "The deprecated global micro size is divided by the DP size and copied into ppo_micro_batch_size_per_gpu.",
-            SILENT,
-            role=role,
-        )
-        if not actor and run.add(
-            s.critic_forward_micro_batch_size is None,
-            "X8",
-            "TypeError",
-            message("X8"),
-            INIT,
-            where,
-            [f"critic.ppo_micro_batch_size = {u}", "critic.forward_micro_batch_size = None", f"None //= {D}"],
-            "The worker divides both global critic micro sizes by the DP size in place; the forward one is null.",
-            role=role,
-        ):
-            return None, None  # the worker's __init__ stops here
-    if m is None:
-        return Mp, None
-    if run.add(
-        m == 0,
-        "X1",
-        "ZeroDivisionError",
-        "integer modulo by zero",
-        INIT,
-        where,
-        [norm, f"{Mp} % 0"],
-        "The deprecated micro size floor-divided to 0 per GPU; the divisibility assert then divides by 0.",
-        role=role,
-    ):
-        return Mp, m
-    if run.add(
-        Mp % m != 0,
-        "E21",
-        AE,
-        message("E21", mini=Mp, micro=m),
-        INIT,
-        where,
-        [norm, mod(Mp, m)],
-        f"The per-rank mini-batch M' must be a whole number of micro-batches of {m} (checked even with "
-        "use_dynamic_bsz).",
-        role=role,
-    ):
-        return Mp, m  # the next assert (E22) is not reached
-    run.add(
-        Mp // m == 0,
-        "E22",
-        AE,
-        message("E22", mini=Mp, micro=m),
-        INIT,
-        where,
-        [norm, f"{Mp} // {m} = {Mp // m}"],
-        "The normalised mini-batch is smaller than one micro-batch.",
-        role=role,
+        INIT_MODEL,
+        [f"rollout.log_prob_micro_batch_size_per_gpu = {s.log_prob_micro_batch_size_per_gpu}"],
+        "Bare assert: the engine reads only the *_per_gpu log-prob key; the deprecated global one is unusable.",
+        role="rollout",
     )
-    if Mp // m > 0:
-        run.add(
-            False,
-            "GA",
-            None,
-            "",
-            INIT,
-            where,
-            [f"GA = {Mp} // {m} = {Mp // m}"],
-            "Gradient accumulation steps per mini-batch (static micro-batching).",
-            role=role,
-        )
-    return Mp, m
 
 
-def _rollout_init(run: Run, s: Snap, where: str) -> None:
-    """RolloutConfig.__post_init__ (E25) then the rollout device mesh assert (E23)."""
-    run.add(
+@rule("B3", when=ENGINE & STATIC)
+def actor_micro_per_gpu_set(rec: Recorder, s: Snap, norm: dict) -> None:
+    rec.add(
+        s.ppo_micro_batch_size_per_gpu is None,
+        "B3",
+        AE,
+        "",
+        INIT,
+        INIT_MODEL,
+        [f"actor.ppo_micro_batch_size_per_gpu = {s.ppo_micro_batch_size_per_gpu}"],
+        "Bare assert: the engine reads only actor.ppo_micro_batch_size_per_gpu; the deprecated global "
+        "ppo_micro_batch_size is unusable.",
+        role="actor",
+    )
+
+
+@rule("E25")
+def rollout_mode(rec: Recorder, s: Snap, norm: dict) -> None:
+    """RolloutConfig.__post_init__, when the worker builds its rollout."""
+    rec.add(
         s.rollout_mode == "sync",
         "E25",
         VE,
@@ -188,14 +119,26 @@ def _rollout_init(run: Run, s: Snap, where: str) -> None:
         "Only the async (agent-loop) rollout exists.",
         role="rollout",
     )
+
+
+def _build_rollout(s: Snap) -> str:
+    """Where the worker asserts the rollout's device mesh."""
+    if not s.legacy:
+        return INIT_MODEL
+    return f"{'verl/workers/megatron_workers.py' if s.megatron else LEGACY_W}: ActorRolloutRefWorker._build_rollout"
+
+
+@rule("E23")
+def rollout_mesh(rec: Recorder, s: Snap, norm: dict) -> None:
+    """The rollout device mesh: every replica needs tp x dp x pp whole GPUs."""
     iw = s.rollout_tp * s.rollout_dp * s.rollout_pp
-    run.add(
+    rec.add(
         s.world_size % iw != 0,
         "E23",
         AE,
         f"rollout world_size: {s.world_size} is not divisible by infer_world_size: {iw}",
         INIT,
-        where,
+        _build_rollout(s),
         [
             f"infer_world_size = tp x dp x pp = {s.rollout_tp} x {s.rollout_dp} x {s.rollout_pp} = {iw}",
             mod(s.world_size, iw),
@@ -205,132 +148,30 @@ def _rollout_init(run: Run, s: Snap, where: str) -> None:
     )
 
 
-def worker_checks(run: Run, s: Snap) -> dict:
-    """Worker construction and init_model, per profile, in verl's order; returns the legacy normalised sizes."""
+WORKER_RULES = (
+    legacy_worker_impl_disabled,
+    legacy_megatron_init,  # 0.7.1 megatron_workers.py; stops when nothing was normalised
+    legacy_actor_worker,
+    legacy_critic_worker,
+    legacy_actor_heads,
+    engine_ref_micro_pair,
+    ref_engine_init,  # Megatron: the ref's engine fixes the process's layout; stops when it raised
+    engine_ref_ulysses,
+    log_prob_dynamic_agrees,
+    log_prob_micro_per_gpu_set,
+    actor_micro_per_gpu_set,
+    actor_engine_init,  # Megatron without a ref engine; stops when it raised
+    critic_layout_notice,
+    engine_actor_ulysses,
+    rollout_mode,
+    rollout_mesh,
+)
+"""Worker construction and init_model, per profile and engine, in verl's order."""
+
+
+def worker_checks(rec: Recorder, s: Snap) -> dict:
+    """Run the worker-init rules; returns the legacy normalised sizes (``Mp``, ``Mcp``, per-role micro sizes) that
+    step 1 runs with (empty for the engine workers, and when verl stopped before normalising)."""
     norm: dict = {}
-    if s.legacy:
-        run.add(
-            s.use_legacy_worker_impl == "disable",
-            "N5",
-            None,
-            "trainer.use_legacy_worker_impl=disable: verl 0.7.1 runs the "
-            "engine workers, not the legacy ones this profile models",
-            INIT,
-            "verl/trainer/main_ppo.py: TaskRunner",
-            ["trainer.use_legacy_worker_impl = disable"],
-            "Use profile 'engine' for the worker and step-1 checks; the start-up checks above are 0.7.1's either way.",
-            NOTICE,
-            role="trainer",
-        )
-        if s.megatron:  # verl 0.7.1's megatron_workers.py
-            norm = legacy_init(run, s)
-            if norm:
-                _rollout_init(run, s, "verl/workers/megatron_workers.py: ActorRolloutRefWorker._build_rollout")
-            return norm
-        where = f"{LEGACY_W}: ActorRolloutRefWorker.__init__"
-        if not mesh_check(run, s, s.ulysses_sp, where, "actor"):
-            D = s.world_size // s.ulysses_sp
-            norm["Mp"], norm["actor"] = _legacy_normalize(run, s, "actor")
-            for sec, u, m, role in (
-                (R, s.log_prob_micro_batch_size, s.log_prob_micro_batch_size_per_gpu, "rollout"),
-                (RF, s.ref_log_prob_micro_batch_size, s.ref_log_prob_micro_batch_size_per_gpu, "ref"),
-            ):
-                norm[role] = m if u is None else u // D
-                if u is not None and (role == "rollout" or s.need_ref):
-                    run.add(
-                        True,
-                        "S4",
-                        None,
-                        f"{sec}.log_prob_micro_batch_size {u} is floor-divided to {u // D} per GPU",
-                        INIT,
-                        where,
-                        [f"{u} // ({s.world_size} // {s.ulysses_sp}) = {u // D}"],
-                        "The deprecated global log-prob micro size is "
-                        "divided by the DP size; *_per_gpu keys are never divided.",
-                        SILENT,
-                        role=role,
-                    )
-        if s.need_critic and not mesh_check(
-            run, s, s.critic_ulysses_sp, f"{LEGACY_W}: CriticWorker.__init__", "critic"
-        ):
-            norm["Mcp"], norm["critic"] = _legacy_normalize(run, s, "critic")
-            Dc = s.world_size // s.critic_ulysses_sp
-            norm["critic_fwd"] = (
-                s.critic_forward_micro_batch_size_per_gpu
-                if s.critic_ppo_micro_batch_size is None or s.critic_forward_micro_batch_size is None
-                else s.critic_forward_micro_batch_size // Dc
-            )
-            heads_check(run, s, s.critic_ulysses_sp, "critic")
-        heads_check(run, s, s.ulysses_sp, "actor")
-        _rollout_init(run, s, f"{LEGACY_W}: ActorRolloutRefWorker._build_rollout")
-        return norm
-    where = f"{ENGINE_W}: ActorRolloutRefWorker.init_model"
-    if s.need_ref and not s.lora_rank and not s.ref_log_prob_use_dynamic_bsz:
-        mutual(
-            run,
-            "ref",
-            s.ref_log_prob_micro_batch_size,
-            s.ref_log_prob_micro_batch_size_per_gpu,
-            f"{where} (ref ActorConfig.__post_init__)",
-            "actor",
-            "ref",
-            INIT,
-        )
-        for f in run.checks[-2:]:
-            f.explanation = (
-                "The ref's log_prob_* keys are renamed to ppo_* and re-checked as an ActorConfig (its "
-                "messages say 'actor'): " + f.explanation
-            )
-    ref_first = s.need_ref and not s.lora_rank
-    if s.megatron:  # the ref's MegatronEngine is built first and fixes the layout of the process
-        if ref_first and engine_init(run, s, "ref"):
-            return norm
-    elif ref_first and not mesh_check(run, s, s.ref_ulysses_sp, where, "ref"):
-        heads_check(run, s, s.ref_ulysses_sp, "ref")
-    run.add(
-        s.use_dynamic_bsz != s.log_prob_use_dynamic_bsz,
-        "B1",
-        AE,
-        "",
-        INIT,
-        where,
-        [
-            f"actor.use_dynamic_bsz = {s.use_dynamic_bsz}",
-            f"rollout.log_prob_use_dynamic_bsz = {s.log_prob_use_dynamic_bsz}",
-        ],
-        "Bare assert: the actor and rollout log-prob use_dynamic_bsz must agree on the engine path.",
-        role="rollout",
-    )
-    if not s.use_dynamic_bsz:
-        run.add(
-            s.log_prob_micro_batch_size_per_gpu is None,
-            "B2",
-            AE,
-            "",
-            INIT,
-            where,
-            [f"rollout.log_prob_micro_batch_size_per_gpu = {s.log_prob_micro_batch_size_per_gpu}"],
-            "Bare assert: the engine reads only the *_per_gpu log-prob key; the deprecated global one is unusable.",
-            role="rollout",
-        )
-        run.add(
-            s.ppo_micro_batch_size_per_gpu is None,
-            "B3",
-            AE,
-            "",
-            INIT,
-            where,
-            [f"actor.ppo_micro_batch_size_per_gpu = {s.ppo_micro_batch_size_per_gpu}"],
-            "Bare assert: the engine reads only actor.ppo_micro_batch_size_per_gpu; the deprecated global "
-            "ppo_micro_batch_size is unusable.",
-            role="actor",
-        )
-    if s.megatron:
-        if not ref_first and engine_init(run, s, "actor"):
-            return norm
-        if s.need_critic:
-            layout_notice(run, s, "critic")
-    elif not mesh_check(run, s, s.ulysses_sp, where, "actor"):
-        heads_check(run, s, s.ulysses_sp, "actor")
-    _rollout_init(run, s, where)
+    run_rules(WORKER_RULES, rec, s, norm)
     return norm

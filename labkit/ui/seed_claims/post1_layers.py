@@ -5,7 +5,7 @@ plans the example (60 prompts, n=12, 6 GPUs, rollout TP=2, mini 60, micro 8) or 
 
 from __future__ import annotations
 
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.protocol.fields import ROLLOUT_OUTPUT_KEYS
 from labkit.rules.catalogue import message
 from labkit.ui.seed_claims.probe import (

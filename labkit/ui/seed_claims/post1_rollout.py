@@ -5,7 +5,7 @@ raises or accepts, checked on labkit's plan of the worked example and its varian
 
 from __future__ import annotations
 
-from labkit.config.verl_config import ConfigError
+from labkit.config.messages import ConfigError
 from labkit.memory.gpus import gpu
 from labkit.memory.settings import MemorySettings
 from labkit.memory.step_memory import step_phases
