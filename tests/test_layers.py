@@ -93,3 +93,16 @@ def test_tree_shows_the_layers():
     for init in sorted((ROOT / "labkit").glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "layer" in doc and "May import" in doc, f"{init.relative_to(ROOT)}: say the layer and what it may import"
+
+
+MAX_MODULE_LINES = 300
+
+
+def test_every_module_is_small():
+    """One idea a module: none of labkit's modules is over 300 lines."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "labkit").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, long

@@ -91,6 +91,25 @@ def test_lora_pass_within_10_percent_of_the_trace(lora_traced, case):
     assert 0.9 <= formula / got["peak_bytes"] <= 1.1, detail
 
 
+FULL_GRID = [(16384, FUSED), (16384, {**FUSED, **NO_CKPT})]
+"""The dense model trained in full, where the recomputed layer's MLP backward sets the peak (the same gradients the
+LoRA cases showed: labkit.memory.phases._mlp_grads)."""
+
+
+def _full_case(case: int):
+    tokens, changes = FULL_GRID[case]
+    s = settings_for(load_config(None, []), DENSE)
+    s = replace(s, model=replace(s.model, num_hidden_layers=LAYERS[DENSE]), fsdp_size=1, **changes)
+    return s, "update_actor", update_pass(s, "update_actor", PassShape(2, tokens))
+
+
+def test_full_fine_tune_update_within_10_percent_of_the_trace():
+    traced = run_traces([trace_spec(*_full_case(k)) for k in range(len(FULL_GRID))])
+    for case, got in enumerate(traced):
+        formula = sum(transient_terms(_full_case(case)[2]).values())
+        assert 0.9 <= formula / got["peak_bytes"] <= 1.1, (FULL_GRID[case], formula / 2**30, got["peak_bytes"] / 2**30)
+
+
 def test_lora_adapters_and_their_model_states_as_the_formula_counts(lora_traced):
     """The adapters PEFT's shapes give each linear (a routed expert's per expert, the router's) are the formula's
     count; one rank's fp32 masters, gradients and AdamW states after a step are its params/grads/optimizer share."""

@@ -183,6 +183,13 @@ def _info(shape: PassShape) -> dict[str, object]:
     return {"tokens": shape.tokens, "rows": shape.rows, "real_tokens": shape.real_tokens or shape.tokens}
 
 
+def _mlp_grads(m: ModelShape, tokens: int, b: int) -> int:
+    """A dense gated MLP's backward above what the layer saved (traced): the gated product's, the activation's and
+    up's T×I gradients wait beside the saved gate and up outputs and the activation, 2·T·I more than the saved set
+    (MoE layers: not traced, 0)."""
+    return 2 * tokens * m.intermediate_size * b if m.gated_mlp and not m.num_moe_layers else 0
+
+
 def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     """A training micro-batch (update_actor, update_critic): saved activations, the head and its backward, one layer
     recomputed in backward, then the optimizer step with every state on the GPU."""
@@ -193,7 +200,7 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
     layer_in = tok * m.hidden_size * b
     # LoRA: the frozen base saves less, each adapter its r-wide A output (labkit.memory.lora, traced)
     layer = t.saved_layer_bytes(m, tok, b) if critic or s.lora is None else lora_saved_layer_bytes(m, s.lora, tok, b)
-    grads = 0 if critic or s.lora is None else lora_backward_extra_bytes(m, s.lora, tok, b)
+    grads = lora_backward_extra_bytes(m, s.lora, tok, b) if s.lora is not None and not critic else _mlp_grads(m, tok, b)
     if ckpt:
         saved = layer_in if s.activation_offload and not critic else m.num_hidden_layers * layer_in
         recompute = layer + grads

@@ -57,7 +57,7 @@ TERMS: dict[str, Term] = {
     ),
     "activations": Term(
         "forward: T·b·(3H + max(2q + 2kv, 3I)); update: L·T·H·b with checkpointing, else L·T·(b·(4H+2q+2kv+4I) "
-        "+ 8H·[b<4]), plus one layer recomputed in backward",
+        "+ 8H·[b<4]), plus one layer recomputed in backward and its gated MLP's gradients (2·T·I·b, dense)",
         (
             f"{M}.enable_gradient_checkpointing",
             f"{M}.enable_activation_offload",
