@@ -19,7 +19,7 @@ from typing import Any
 from labkit.config.verl_config import VerlConfig
 from labkit.config.versions import Release
 from labkit.rules.geometry import BatchGeometry
-from labkit.rules.parallel_layout import ParallelLayout, engine_of
+from labkit.rules.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,6 @@ class Run:
     """The user's config as resolved: a copy (``resolve``) or the caller's for one call (``as_run``), never changed."""
     geometry: BatchGeometry
     """The step's sizes (``labkit.rules.geometry.BatchGeometry``), built once, for ``geometry.global_step``."""
-    engine: str
-    """The training engine verl builds: ``fsdp``, ``megatron`` or ``veomni`` (``parallel_layout.engine_of``)."""
     need_reference_policy: bool
     """verl builds and runs the reference policy (``VerlConfig.need_reference_policy``)."""
     need_critic: bool
@@ -40,7 +38,7 @@ class Run:
     """The keys resolving read (the geometry's, the layout's, the roles'): an answer's record of what it priced
     starts from them."""
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """What the layers above derived from this run once (``derive``): the role layouts, verl's verdict."""
+    """What the layers above derived from this run once (``derive``): verl's verdict on it."""
 
     @classmethod
     def resolve(cls, cfg: VerlConfig, global_step: int = 1, failed_sessions: Sequence[int] = ()) -> Run:
@@ -54,7 +52,7 @@ class Run:
         with own.recording() as reads:
             geometry = BatchGeometry.from_config(own, global_step, failed_sessions)
             roles = own.need_reference_policy, own.need_critic
-        return cls(own, geometry, engine_of(own), *roles, frozenset(reads))
+        return cls(own, geometry, *roles, frozenset(reads))
 
     # -- what the config says, read through the run ------------------------------------------------
     @property
@@ -99,15 +97,9 @@ class Run:
         """The user set ``path`` (``VerlConfig.is_set``)."""
         return self.config.is_set(path)
 
-    def role_layout(self, role: str) -> ParallelLayout:
-        """The layout of ``role`` (actor, ref or critic), each read once per run."""
-        if role == "actor":
-            return self.layout
-        return self.derive(f"layout:{role}", lambda: ParallelLayout.from_config(self.config, role))
-
     def derive(self, name: str, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once per run under ``name`` (a pure function of the run: verl's verdict on it, a role's
-        layout), then the same answer each time it is asked."""
+        """``compute()`` once per run under ``name`` (a pure function of the run, e.g. verl's verdict on it), then
+        the same answer each time it is asked."""
         if name not in self._derived:
             self._derived[name] = compute()
         return self._derived[name]
@@ -117,7 +109,7 @@ class Run:
         """The run of this config with ``values`` set as they are (a fix's run; release and set-aside keys kept)."""
         cfg = self.config.copy()
         cfg.values.update(values)
-        return Run.resolve(cfg, self.geometry.global_step)
+        return Run.reading(cfg, self.geometry.global_step)
 
     def at_step(self, global_step: int, failed_sessions: Sequence[int] = ()) -> Run:
         """This config at another global step (v1's padding multiple and the first actor update move with it)."""
