@@ -118,7 +118,9 @@ def _matches(name: str, pattern: str | tuple[str, ...]) -> bool:
     return any(full == t or full.endswith("." + t) for t in pattern)
 
 
-def _pattern(value: object, key: str) -> str | tuple[str, ...] | None:
+def target_pattern(value: object, key: str) -> str | tuple[str, ...] | None:
+    """``target_modules`` / ``exclude_modules`` as PEFT reads them: a list (also as an override's ``[a,b]`` text), a
+    regular expression, or None; LoraError for anything else."""
     if value is None or value == "null":
         return None
     if isinstance(value, str):
@@ -141,8 +143,8 @@ def lora_spec(
         raise LoraError(f"lora_rank must be greater than 0, get {rank}")  # verl: get_vllm_max_lora_rank's words
     if rank > VLLM_MAX_LORA_RANKS[-1] and not merge:
         raise LoraError(f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANKS[-1]}, but got {rank}")
-    targets = _pattern(target_modules, "target_modules")
-    exclude = _pattern(exclude_modules, "exclude_modules")
+    targets = target_pattern(target_modules, "target_modules")
+    exclude = target_pattern(exclude_modules, "exclude_modules")
     layers, hit = [], set()
     for index in range(m.num_hidden_layers):
         chosen = []

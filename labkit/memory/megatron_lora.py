@@ -15,7 +15,7 @@ base saves less is not modelled: an over-estimate).
 
 from __future__ import annotations
 
-from labkit.memory.lora import LoraSpec
+from labkit.memory.lora import LoraSpec, target_pattern
 from labkit.memory.megatron_stages import stage_layers
 from labkit.memory.shapes import ModelShape
 from labkit.rules.parallel_layout import ParallelLayout
@@ -42,10 +42,9 @@ _FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "proj", "
 
 def hf_targets(targets: object) -> object:
     """``target_modules`` with megatron-core's names read as the Hugging Face linears they fuse (other entries and a
-    regular expression kept as they are)."""
-    if isinstance(targets, str) and targets.strip().startswith("[") and targets.strip().endswith("]"):
-        targets = [t.strip().strip("'\"") for t in targets.strip()[1:-1].split(",") if t.strip()]  # an override
-    if not isinstance(targets, (list, tuple)):
+    regular expression kept as they are; LoraError as ``labkit.memory.lora.target_pattern``)."""
+    targets = target_pattern(targets, "target_modules")
+    if not isinstance(targets, tuple):
         return targets
     out: list[str] = []
     for name in targets:

@@ -63,7 +63,6 @@ def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:
         return None
     megatron = cfg.get(f"{ACTOR}.strategy") == "megatron"  # Megatron-Bridge: megatron-core's module names
     targets = raw_value(cfg, f"{block}target_modules", MEGATRON_DEFAULT_TARGETS if megatron else "all-linear")
-    targets = hf_targets(_hashable(targets)) if megatron else targets
     exclude = raw_value(cfg, f"{block}exclude_modules")
     merge = str(raw_value(cfg, f"{MODEL}.lora.merge", False)).lower() == "true"
     try:
@@ -72,7 +71,8 @@ def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:
                 f"{block}{'rank' if block.endswith('lora.') else 'lora_rank'}={rank}: verl applies LoRA only for a "
                 "rank above 0 (0: no LoRA); a negative rank would silently train the whole model"
             )
-        return lora_spec(m, rank, _hashable(targets), _hashable(exclude), merge)
+        targets = hf_targets(targets) if megatron else _hashable(targets)
+        return lora_spec(m, rank, targets, _hashable(exclude), merge)
     except LoraError as exc:
         from labkit.config.messages import ConfigError
 
