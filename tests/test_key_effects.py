@@ -17,6 +17,7 @@ from labkit.config.key_effects import EFFECTS, REGISTRY, effect_of, unpriced
 from labkit.config.messages import ConfigError
 from labkit.config.verl_config import load_config
 from labkit.memory.model_source import PATH_KEY
+from labkit.rules.run import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = (
@@ -100,10 +101,10 @@ def test_an_answer_names_what_it_did_not_price():
 
     with cfg.recording() as read:
         step_phases(cfg, MemorySettings.from_config(cfg, "Qwen2.5-7B", 80 * 2**30))
-    named = {i["key"]: i["effect"] for i in unpriced(cfg, read)}
+    named = {i["key"]: i["effect"] for i in unpriced(cfg, read, path=Run.resolve(cfg).audit_path)}
     assert named == {
         "actor_rollout_ref.rollout.enforce_eager": "not_priced",
-        "actor_rollout_ref.actor.use_torch_compile": "not_read",
+        "actor_rollout_ref.actor.use_torch_compile": "no_effect",
         "actor_rollout_ref.model.override_config.attn_implementation": "not_priced",
         "data.max_start_length": "not_verl",
     }

@@ -111,6 +111,29 @@ def test_seed_example_without_reference_or_critic():
     assert tr.summary["update"]["update_critic"]["mini_batches"] == [120]
 
 
+@pytest.mark.parametrize("loop", ["v0", "v1"])
+def test_engine_critic_budgets_follow_the_loop(loop):
+    """verl's critic engine: values on ppo_infer_max_token_len_per_gpu; the update on ppo_max_token_len_per_gpu
+    in the v0 loop and on the infer budget in v1 (RayPPOTrainer.init_workers; v1 PPOTrainer._setup)."""
+    cfg = cfg_of(
+        SEED_EXAMPLE
+        + [
+            "algorithm.adv_estimator=gae",
+            "critic.ppo_micro_batch_size_per_gpu=8",
+            "critic.ppo_max_token_len_per_gpu=2048",
+            "+critic.ppo_infer_max_token_len_per_gpu=8192",
+            f"trainer.use_v1={loop == 'v1'}",
+        ],
+        profile="engine",
+    )
+    tr = plan(cfg, lengths=[1024] * 720)
+    biggest = {
+        stage: max(m.tokens for r in tr.at(stage) for m in r.micro_batches) for stage in ("values", "update_critic")
+    }
+    assert biggest["values"] == 8192
+    assert biggest["update_critic"] == (8192 if loop == "v1" else 2048)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Invariants over random valid configs
 # ----------------------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 
 - The modelled keys with their per-profile defaults (``keys``); what any verl key accepts (``key_values``: every
   release's keys, the closest key to a typo, a value coerced to its type); each key's memory effect
-  (``key_effects``, over ``data/key_effects.yaml``); the releases labkit answers for (``versions``).
+  (``key_effects``, over ``data/key_effects.yaml``); the keys a release, loop and engine never read
+  (``unread_keys``, over ``data/unread_keys.yaml``); the releases labkit answers for (``versions``).
 - A config: verl-style YAML plus Hydra overrides (``verl_config``: ``VerlConfig`` reads values; ``config_overrides``
   sets them; ``hydra_overrides`` parses ``+key``, ``++key``, ``~key``; ``yaml_input`` reads YAML within limits).
 - A launch script read as bash reads it and never run (``launch_script`` over the static bash reader: the tokens

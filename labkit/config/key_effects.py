@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from labkit.config.unread_keys import never_read
+
 REGISTRY = Path(__file__).resolve().parents[2] / "data" / "key_effects.yaml"
 EFFECTS = ("priced", "not_priced", "none")
 
@@ -62,14 +64,18 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> list[dict[str, str]]:
+def unpriced(
+    cfg: Any, read: set[str], extra_priced: tuple[str, ...] = (), path: str | None = None
+) -> list[dict[str, str]]:
     """Every key ``cfg`` sets (its YAML or overrides, ``+`` keys included) that the memory answer did not read:
     ``{"key", "value", "effect", "text"}`` with ``effect`` ``not_priced`` (what it would change), ``not_read`` (a
     key labkit prices, which this config does not use: a silent behaviour of verl or a role this run lacks),
     ``no_effect`` (verl reads it and ignores it), ``not_verl`` (no verl release has it: a fork's key, a recipe's, a
     typo) or ``read_past`` (a launch script's entry point or base YAML read as main_ppo's); keys of no memory effect
     are left out.
-    ``extra_priced``: keys read outside the recording (the model path)."""
+    ``extra_priced``: keys read outside the recording (the model path). ``path``: the run's audited
+    ``"<release> <loop> <engine>"`` (``labkit.config.unread_keys``): a key that verl never reads there is named
+    ``no_effect`` with the code that reads it elsewhere, whatever its class."""
     out = []
     seen = set(read) | set(extra_priced)
     tables = (getattr(cfg, "values", {}), getattr(cfg, "ignored", {}), getattr(cfg, "added", {}))
@@ -78,6 +84,10 @@ def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> li
             if key in seen:
                 continue
             seen.add(key)
+            unread_here = never_read(key, path)
+            if unread_here is not None:
+                out.append({"key": key, "value": _shown(value), "effect": "no_effect", "text": unread_here})
+                continue
             e = effect_of(key)
             if e is not None and e.silent:
                 out.append({"key": key, "value": _shown(value), "effect": "no_effect", "text": e.text})
@@ -85,7 +95,7 @@ def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> li
             if e is None or e.effect == "none":
                 continue
             if e.effect == "priced":
-                out.append({"key": key, "value": _shown(value), "effect": "not_read", "text": _silent(cfg, key)})
+                out.append({"key": key, "value": _shown(value), "effect": "not_read", "text": NOT_USED})
             else:
                 out.append({"key": key, "value": _shown(value), "effect": "not_priced", "text": e.text})
     for item, why in getattr(cfg, "unknown", {}).items():
@@ -97,19 +107,4 @@ def unpriced(cfg: Any, read: set[str], extra_priced: tuple[str, ...] = ()) -> li
     return out
 
 
-SILENT = {
-    "actor_rollout_ref.actor.use_torch_compile": (
-        "engine",
-        "verl's engine workers compile the entropy with actor.fsdp_config.use_torch_compile and never read this key "
-        "(verl/workers/engine/fsdp/transformer_impl.py: FSDPEngine.__init__)",
-    ),
-}
-"""Keys labkit prices that a profile's verl never reads: (profile, what it reads instead, where)."""
-
-
-def _silent(cfg: Any, key: str) -> str:
-    """Why a priced key went unread here: a verl that ignores it, else this run does not use it."""
-    profile, why = SILENT.get(key, (None, ""))
-    if profile == getattr(cfg, "profile", None):
-        return why
-    return "not used by this run's roles or settings (e.g. a critic's key without a critic); no memory effect here"
+NOT_USED = "not used by this run's roles or settings (e.g. a critic's key without a critic); no memory effect here"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import yaml
 
 from labkit.config.key_effects import REGISTRY
+from labkit.config.unread_keys import entries as unread_entries
 
 HEAD = """# Every verl key, by its memory effect
 
@@ -30,6 +31,13 @@ SECTIONS = (
     ("none", False, "No GPU-memory effect", "Logging, paths, schedules, the loss's math: why each changes no memory."),
 )
 
+UNREAD_LEAD = """Audited in the code of verl 0.7.1 (legacy workers), 0.8.0 (engine workers, v0 loop) and 0.9.1 (either loop), for
+FSDP and Megatron: `scripts/verl_key_reads.py` scans the code each path runs for every key of its YAML, and a test
+keeps this list equal to what the scan finds. A path is `<release> <loop> <engine>` (`*` for any). Set on such a
+path, a key is named in the answer as *no effect in verl*, with the code that reads it elsewhere. *Passed* keys are
+handed whole to another library, which reads them. Other releases are not audited: the answer does not say.
+"""
+
 
 def render() -> str:
     """The whole docs/memory_keys.md."""
@@ -46,4 +54,11 @@ def render() -> str:
         for e in chosen:
             text = (e.get("would") or e.get("why") or "").replace("|", "\\|").replace("\n", " ")
             out.append(f"| {'<br>'.join(f'`{k}`' for k in e['keys'])} | {text} |\n")
+    out.append(
+        f"\n## Keys verl never reads where they are set\n\n{UNREAD_LEAD}\n| keys | where | what happens |\n|---|---|---|\n"
+    )
+    for e in unread_entries():
+        what = f"passed to `{e.to}`" if e.kind == "passed" else e.why.replace("|", "\\|")
+        paths = ", ".join(f"`{at}`" for at in e.at)
+        out.append(f"| {'<br>'.join(f'`{k}`' for k in e.keys)} | {paths}: `{e.where}` | {what} |\n")
     return "".join(out)

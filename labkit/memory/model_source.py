@@ -180,8 +180,8 @@ def stand_in_note(cfg: Any, explicit: str | None) -> str | None:
 
 
 def check_shape(cfg: Any) -> dict[str, int]:
-    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary;
-    the keyword arguments of ``labkit.validate.report.check``) when ``model.path`` names a model labkit knows; {}
+    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary,
+    the HF model type and its non-attention sequence mixers; the keyword arguments of ``labkit.validate.report.check``) when ``model.path`` names a model labkit knows; {}
     otherwise: those checks are then skipped, never run against a model the user does not train."""
     if not cfg.is_set(PATH_KEY):
         return {}
@@ -195,4 +195,8 @@ def check_shape(cfg: Any) -> dict[str, int]:
         "num_layers": m.num_hidden_layers,
         "num_experts": m.moe.num_experts if m.is_moe else 0,
         "vocab_size": m.vocab_size,
+        "model_type": m.architecture,
+        "sequence_mixers": tuple(
+            sorted({t for t in m.layer_types if t == "linear_attention"} | ({"mamba"} if m.mamba else set()))
+        ),
     }

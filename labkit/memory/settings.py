@@ -200,6 +200,7 @@ class MemorySettings:
         shape = model if isinstance(model, ModelShape) else model_shape(model)
         old_release = cfg.release is not None and cfg.release.version in OLD
         critic = critic_fsdp(cfg.profile)
+        fsdp = g(f"{ACTOR}.strategy") != "megatron"  # Megatron recomputes and offloads by its own keys, never these
         values = dict(
             model=shape,
             gpu_bytes=int(gpu_bytes),
@@ -223,9 +224,9 @@ class MemorySettings:
             ref_param_offload=g(f"{REF}.fsdp_config.param_offload"),
             critic_param_offload=g(f"{critic}.param_offload"),
             critic_optimizer_offload=g(f"{critic}.optimizer_offload"),
-            gradient_checkpointing=g(f"{MODEL}.enable_gradient_checkpointing"),
-            critic_gradient_checkpointing=g("critic.model.enable_gradient_checkpointing"),
-            activation_offload=g(f"{MODEL}.enable_activation_offload"),
+            gradient_checkpointing=fsdp and g(f"{MODEL}.enable_gradient_checkpointing"),
+            critic_gradient_checkpointing=fsdp and g("critic.model.enable_gradient_checkpointing"),
+            activation_offload=fsdp and g(f"{MODEL}.enable_activation_offload"),
             entropy_chunking=g(f"{ACTOR}.entropy_from_logits_with_chunking"),
             entropy_chunk_size=g(f"{ACTOR}.entropy_from_logits_chunk_size"),
             remove_padding=bool(g(f"{MODEL if cfg.profile == 'engine' else ACTOR}.use_remove_padding")),

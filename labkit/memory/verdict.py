@@ -161,7 +161,7 @@ def memory_report(
     with run.config.recording() as reads:  # what this answer prices: the run's keys, the settings' and the phases'
         derived(run, s)
         phases = evaluate(run, s)
-    not_priced = unpriced(run.config, reads | run.reads, (PATH_KEY,))
+    not_priced = unpriced(run.config, reads | run.reads, (PATH_KEY,), run.audit_path)
     full = step_phases(run, s) if lengths is not None else phases
     rejection = verl_rejection(run)
     base_error = rejection[0] if rejection else None

@@ -6,8 +6,9 @@ critic keys from ``critic.*``; deprecated global micro sizes are floor-divided b
 ``engine_workers.py``): rows arrive unpadded (``left_right_2_no_padding``) and are packed when the model's
 ``use_remove_padding`` is on, else padded to the micro-batch's longest row
 (``FSDPEngineWithLMHead.prepare_model_inputs``); the actor's ``use_dynamic_bsz`` drives
-old log-prob; the critic engine is dynamic on its own sp=1 mesh with ``ppo_infer_max_token_len_per_gpu`` (32768,
-not exposed by labkit) for values (``RayPPOTrainer.init_workers``).
+old log-prob; the critic engine is dynamic on its own sp=1 mesh with ``ppo_infer_max_token_len_per_gpu`` (32768
+unless ``+critic.ppo_infer_max_token_len_per_gpu`` sets it) for values, and for the update too in the v1 loop
+(``RayPPOTrainer.init_workers``; v1 ``PPOTrainer._setup``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from labkit.rules.failures import mesh_failure
 from labkit.rules.geometry import ARR
 
 ENGINE_CRITIC_INFER_BUDGET = 32768  # verl 0.9.1 CriticConfig.ppo_infer_max_token_len_per_gpu default
+INFER_KEY = "critic.ppo_infer_max_token_len_per_gpu"  # CriticConfig's field, in no YAML: set as +critic.…
+
+
+def critic_infer_budget(ctx: Ctx) -> int:
+    """The engine critic's ``ppo_infer_max_token_len_per_gpu``: the values pass's budget, and the update's too in
+    the v1 loop (``RayPPOTrainer.init_workers``; v1 ``PPOTrainer._setup``)."""
+    return int(ctx.cfg.raw(INFER_KEY, ENGINE_CRITIC_INFER_BUDGET))
+
 
 WHERE = {
     "old_log_prob": "ActorRolloutRefWorker.compute_log_prob → DataParallelPPOActor.compute_log_prob",
@@ -160,7 +169,11 @@ def params(ctx: Ctx, name: str) -> Params:
                     else "; verl slices with the wrong group: unsupported"
                 )
             )
-    dyn, budget = bool(ctx.get(dyn_k)), ctx.get(budget_k)
+    engine_critic = critic and not legacy
+    if engine_critic:  # verl's critic engine: dynamic on its own budget, whatever critic.use_dynamic_bsz says
+        dyn, budget = True, critic_infer_budget(ctx) if name == "values" or ctx.v1 else ctx.get(budget_k)
+    else:
+        dyn, budget = bool(ctx.get(dyn_k)), ctx.get(budget_k)
     # legacy: the actor's DataParallelPPOActor reads actor.use_remove_padding; the ref's is overwritten with
     # model.use_remove_padding (ActorRolloutRefWorker.init_model); the critic reads critic.model.use_remove_padding
     owner = "critic.model" if critic else f"{ARR}.model" if name == "ref_log_prob" else f"{ARR}.actor"
@@ -173,13 +186,12 @@ def params(ctx: Ctx, name: str) -> Params:
             dyn = bool(ctx.get(f"{ARR}.actor.use_dynamic_bsz"))
         if critic:
             sp = budget_sp = 1
-            dyn = True
-            if name == "values":
-                budget = ENGINE_CRITIC_INFER_BUDGET
             notes.append(
                 "0.9.1 critic engine: dynamic micro-batching on its own sp=1 mesh; critic micro sizes, "
-                "use_dynamic_bsz and ulysses_sequence_parallel_size are not passed to it"
-            )
+                "use_dynamic_bsz and ulysses_sequence_parallel_size are not passed to it; its budget is "
+                + ("ppo_infer_max_token_len_per_gpu in both passes (v1 loop)" if ctx.v1 else
+                   "ppo_infer_max_token_len_per_gpu for values, ppo_max_token_len_per_gpu for the update")
+            )  # fmt: skip
     missing = _MISSING[name]
     if name in ("old_log_prob", "ref_log_prob") and ctx.get(f"{ARR}.actor.use_dynamic_bsz"):
         # validate_config's E3 is keyed on the *actor's* use_dynamic_bsz: skipped, so the None micro size reaches

@@ -146,7 +146,7 @@ fires, and why. `labkit explain CODE` prints the same entry in a terminal.
 
 Codes: `E1`-`E45` are verl's own batch-size errors, `E46`-`E57` those of verl 0.9.1's v1 trainer loop; `B1`-`B4`
 bare asserts (no message); `X1`-`X8` Python or torch errors verl's code runs into or raises without a message;
-`S1`-`S8` silent behaviours; `N1`-`N9` printed notices and conditional failures; `GA` labkit information;
+`S1`-`S10` silent behaviours; `N1`-`N9` printed notices and conditional failures; `GA` labkit information;
 `F1`-`F13` facts of verl's code (where it implements a stage) that notebook 09 checks claims against; `M1`-`M25` the
 Megatron backend's checks (verl's Megatron workers and megatron-core 0.16.1).
 

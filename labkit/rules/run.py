@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.config.unread_keys import audit_path
 from labkit.config.verl_config import VerlConfig
 from labkit.config.versions import Release
 from labkit.rules.geometry import BatchGeometry
@@ -79,6 +80,12 @@ class Run:
     def is_megatron(self) -> bool:
         """The training engine is Megatron (``model_engine=megatron`` / the Megatron workers)."""
         return self.layout.is_megatron
+
+    @property
+    def audit_path(self) -> str | None:
+        """``"<release> <loop> <engine>"`` whose code ``data/unread_keys.yaml`` audited, or None (another release)."""
+        version = self.release.version if self.release is not None else None
+        return audit_path(self.profile, version, self.loop, self.is_megatron)
 
     @property
     def n_gpus(self) -> int:

@@ -140,6 +140,8 @@ def check(
     num_layers: int | None = None,
     num_experts: int | None = None,
     vocab_size: int | None = None,
+    model_type: str | None = None,
+    sequence_mixers: tuple[str, ...] = (),
 ) -> Report:
     """All of verl's batch-size checks for ``cfg`` (profile from the config; a resolved run is used as it is, a
     config resolved once), with verified fixes.
@@ -149,8 +151,11 @@ def check(
     check of the first actor update (``trainer.critic_warmup``) is reported at its step or not at all.
     Under Megatron the head counts, ``num_layers`` (decoder layers), ``num_experts`` (MoE experts; 0: dense) and
     ``vocab_size`` (the HF vocabulary) enable megatron-core's model checks (M11-M19); None skips a check.
+    ``model_type`` (HF) and ``sequence_mixers`` (its layers' non-attention mixers: ``linear_attention``, ``mamba``)
+    say whether Ulysses reaches every layer (S10).
     """
-    shape = {"layers": num_layers, "experts": num_experts, "vocab": vocab_size}
+    shape = {"layers": num_layers, "experts": num_experts, "vocab": vocab_size, "model_type": model_type,
+             "mixers": sequence_mixers}  # fmt: skip
     s, checks = _evaluate(
         cfg, num_attention_heads, num_key_value_heads, max_seq_len, global_step=global_step, shape=shape
     )

@@ -133,6 +133,8 @@ class Snap:
         self.profile, self.heads, self.kv_heads, self.max_seq_len = cfg.profile, heads, kv_heads, max_seq_len
         shape = shape or {}  # the Megatron model checks' other shape numbers (None: not checked)
         self.num_layers, self.num_experts, self.vocab_size = (shape.get(k) for k in ("layers", "experts", "vocab"))
+        self.model_type = shape.get("model_type")  # the HF model_type and its non-attention sequence mixers (S10)
+        self.sequence_mixers = tuple(shape.get("mixers") or ())
         self.cfg = cfg
         self.geo = geo = run.geometry
         self.world_size, self.prompts, self.samples, self.width = geo.world_size, geo.prompts, geo.samples, geo.width

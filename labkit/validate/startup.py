@@ -6,7 +6,7 @@ Every check is recorded in execution order, passed or not, with verl's exact mes
 arithmetic either way.
 
 Codes are those of docs/errors.md: E1-E45 for verl's own errors; labkit adds B1-B3 (engine bare asserts), X1-X8
-(Python/torch errors verl's code runs into), S1-S8 (silent behaviours), N1-N7 (printed notices, conditional failures)
+(Python/torch errors verl's code runs into), S1-S10 (silent behaviours), N1-N7 (printed notices, conditional failures)
 and "GA" (info). The critic's rules are ``startup_critic``, the Megatron backend's ``megatron_checks``; worker init is
 ``worker_init``, step 1 ``first_step``. Not modelled: the 0.8-only reward-model micro keys (E5).
 """
@@ -31,7 +31,13 @@ from labkit.validate.snapshot import (
     mod,
 )
 from labkit.validate.startup_critic import CRITIC_STARTUP_RULES
-from labkit.validate.startup_notices import megatron_ignores_checkpointing, nccl_timeout_unread, v0_loop_deprecated
+from labkit.validate.startup_notices import (
+    keys_never_read,
+    megatron_ignores_checkpointing,
+    nccl_timeout_unread,
+    ulysses_misses_sequence_mixers,
+    v0_loop_deprecated,
+)
 
 VALIDATE = f"{CFG_PY}: validate_config"
 POST, VAL = f"{ACTOR_PY}: ActorConfig.__post_init__", f"{ACTOR_PY}: ActorConfig.validate"
@@ -220,6 +226,8 @@ STARTUP_RULES = (
     v0_loop_deprecated,
     nccl_timeout_unread,
     megatron_ignores_checkpointing,
+    keys_never_read,
+    ulysses_misses_sequence_mixers,
 )
 """validate_config's checks in the order its code runs them, then main_ppo's and the workers' start-up notices."""
 

@@ -1,10 +1,13 @@
 """What verl prints or silently ignores at start-up outside ``validate_config``, as rules: ``main_ppo.main``'s
-warning about the deprecated v0 loop (N7), the engine workers' unread ``nccl_timeout`` (S7) and the Megatron
-engine's unread ``enable_gradient_checkpointing`` (S8). ``startup`` lists them after validate_config's checks.
+warning about the deprecated v0 loop (N7), the engine workers' unread ``nccl_timeout`` (S7), the Megatron
+engine's unread ``enable_gradient_checkpointing`` (S8), every other key the config sets that the run's verl never
+reads (S9, from the audit in ``data/unread_keys.yaml``) and a Ulysses size that never reaches a model's gated delta-net
+or Mamba layers (S10). ``startup`` lists them after validate_config's checks.
 """
 
 from __future__ import annotations
 
+from labkit.config.unread_keys import audit_entry, describe, never_read, sp_unsplit_mixers
 from labkit.rules.catalogue import message
 from labkit.validate.rulebook import ALWAYS, ENGINE, MEGATRON, rule
 from labkit.validate.snapshot import NOTICE, SILENT, STARTUP, Recorder, Snap
@@ -71,3 +74,51 @@ def megatron_ignores_checkpointing(rec: Recorder, s: Snap) -> None:
         SILENT,
         role="actor",
     )  # fmt: skip
+
+
+NAMED_ELSEWHERE = {"trainer.balance_batch", *NCCL_TIMEOUT_KEYS, "actor_rollout_ref.model.enable_gradient_checkpointing"}
+"""Unread keys S5, S7 and S8 name with their own story."""
+
+
+@rule("S9", when=ALWAYS)
+def keys_never_read(rec: Recorder, s: Snap) -> None:
+    """Each key the config sets that no code of the run's verl release, loop and engine reads (the audit's)."""
+    cfg, path = s.run.config, s.run.audit_path
+    for table in (cfg.values, cfg.ignored, cfg.added):
+        for key, value in table.items():
+            why = never_read(key, path) if key not in NAMED_ELSEWHERE else None
+            if why is None:
+                continue
+            where = audit_entry(key, path).where
+            rec.add(True, "S9", None, message("S9", key=key, verl=describe(path)), STARTUP, where,
+                    [f"{key} = {value}"], why, SILENT, role="trainer")  # fmt: skip
+
+
+MIXER_NAMES = {"linear_attention": "gated delta-net (linear attention)", "mamba": "Mamba2"}
+SP_KEYS = (
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+)
+"""The Ulysses sizes of the roles that run the actor's model (the critic may load another)."""
+
+
+@rule("S10", when=ALWAYS)
+def ulysses_misses_sequence_mixers(rec: Recorder, s: Snap) -> None:
+    """verl slices every sequence across the SP group before the model and patches only flash attention (and, in
+    0.9.1, Qwen3.5's gated delta-net): any other sequence mixer runs over one rank's shard alone."""
+    path = s.run.audit_path
+    unsplit = sp_unsplit_mixers(path, s.model_type, s.sequence_mixers)
+    for key, sp in zip(SP_KEYS, (s.ulysses_sp, s.ref_ulysses_sp)):
+        fired = bool(unsplit) and (sp or 1) > 1 and (key == SP_KEYS[0] or s.need_ref)
+        mixers = " and ".join(MIXER_NAMES.get(m, m) for m in unsplit)
+        rec.add(fired, "S10", None,
+                message("S10", key=key, sp=sp, verl=describe(path) if path else "", model_type=s.model_type,
+                        mixers=mixers) if fired else "",
+                STARTUP, "verl/models/transformers/monkey_patch.py: apply_monkey_patch",
+                [f"{key} = {sp}", f"model_type = {s.model_type}: {mixers} layers"],
+                f"verl slices each sequence into {sp} shards before the model; only the attention layers gather it "
+                "back (all-to-all over heads). The other sequence mixers run their recurrence over one rank's shard "
+                "alone, so every token after the first shard sees a truncated history: the loss and gradients are "
+                "wrong, and no error says so. Memory is that of the sharded run. Fix: "
+                f"{key}=1, or a verl whose Ulysses patch covers {s.model_type}.",
+                SILENT, role="ref" if "ref" in key else "actor")  # fmt: skip
