@@ -91,15 +91,20 @@ def test_lora_pass_within_10_percent_of_the_trace(lora_traced, case):
     assert 0.9 <= formula / got["peak_bytes"] <= 1.1, detail
 
 
-FULL_GRID = [(16384, FUSED), (16384, {**FUSED, **NO_CKPT})]
-"""The dense model trained in full, where the recomputed layer's MLP backward sets the peak (the same gradients the
-LoRA cases showed: labkit.memory.phases._mlp_grads)."""
+FULL_GRID = [
+    (DENSE, 16384, FUSED),
+    (DENSE, 16384, {**FUSED, **NO_CKPT}),
+    (MOE, 16384, FUSED),  # the recomputed layer's routed backward: its un-sort's gradients (moe_unsort_grads)
+    (SHARED, 16384, FUSED),
+]
+"""Models trained in full, where the recomputed layer's backward sets the peak: the dense MLP's gradients (the same
+the LoRA cases showed: labkit.memory.phases._mlp_grads), a MoE block's un-sort (term_bytes.moe_unsort_grad_bytes)."""
 
 
 def _full_case(case: int):
-    tokens, changes = FULL_GRID[case]
-    s = settings_for(load_config(None, []), DENSE)
-    s = replace(s, model=replace(s.model, num_hidden_layers=LAYERS[DENSE]), fsdp_size=1, **changes)
+    model, tokens, changes = FULL_GRID[case]
+    s = settings_for(load_config(None, []), model)
+    s = replace(s, model=replace(s.model, num_hidden_layers=LAYERS[model]), fsdp_size=1, **changes)
     return s, "update_actor", update_pass(s, "update_actor", PassShape(2, tokens))
 
 

@@ -21,6 +21,7 @@ from functools import cache
 
 from labkit.config.messages import InputError
 from labkit.memory.shapes import ModelShape
+from labkit.memory.term_bytes import moe_unsort_grad_bytes
 
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's ``MaxLoRARanks`` (verl's fallback list when vLLM does not export it)."""
@@ -242,7 +243,7 @@ def lora_backward_extra_bytes(m: ModelShape, spec: LoraSpec, tokens: int, b: int
     zeros and result, or (down_proj adapted) the recompute's base output, B output and its scaled copy."""
     names = _dense_mlp_layers(m, spec)
     dense = tokens * b * m.intermediate_size * max((3 - ("mlp.down_proj" in n) for n in names), default=0)
-    routed = 3 * tokens * b * m.moe.num_experts_per_tok * m.hidden_size if m.num_moe_layers and m.moe else 0
+    routed = moe_unsort_grad_bytes(m, tokens, b) if m.num_moe_layers else 0
     return max(dense if m.gated_mlp else 0, routed)
 
 

@@ -257,6 +257,14 @@ def update_pass(s: MemorySettings, name: str, shape: PassShape) -> Phase:
         **extra,
         "backward_layer": {**base, **masks, "activations": saved + recompute, "layer_grads": _layer_grads(s, critic)},
     }
+    unsort = t.moe_unsort_grad_bytes(m, tok, b) if critic or s.lora is None else 0  # LoRA: in its grads
+    if unsort:  # the routed backward's first step, before any of the layer's gradients exists
+        instants["backward_moe_unsort"] = {
+            **base,
+            **masks,
+            "activations": saved + recompute,
+            "moe_unsort_grads": unsort,
+        }
     p = t.param_count(m) if not critic else t.param_count(m) - m.lm_head_param_count() + m.hidden_size
     step = {k: v for k, v in base.items() if k != "gathered_params"}
     if s.lora is not None and not critic:

@@ -75,6 +75,15 @@ def moe_saved_bytes(m: ModelShape, tokens: int, b: int) -> int:
     return tokens * (e * (b + 4) + routed) + moe_shared_bytes(m, tokens, b, saved=True)
 
 
+def moe_unsort_grad_bytes(m: ModelShape, tokens: int, b: int) -> int:
+    """The backward of a MoE block's un-sort (``weighted_out[inv_perm]``, then the sum over the k copies): the
+    summed gradient expanded to the k·T copies and made contiguous, the zeros the index backward fills and the
+    gradient it puts there, three [k·T, H] tensors beside the block's saved set (traced; 0 without MoE)."""
+    if m.moe is None:
+        return 0
+    return 3 * tokens * m.moe.num_experts_per_tok * m.hidden_size * b
+
+
 def moe_shared_bytes(m: ModelShape, tokens: int, b: int, saved: bool) -> int:
     """The always-on shared expert (Qwen2-MoE, DeepSeek, Qwen3-Next), a gated MLP of the shared width: without grad
     its working set (gate, up and their product, then its output); saved: gate, up, activation and product."""

@@ -167,6 +167,11 @@ TERMS: dict[str, Term] = {
         "the dense block-diagonal mask sdpa needs for packed sequences: bool and float copies",
     ),
     "layer_grads": Term("b·P_layer (FSDP only)", (), "one unsharded layer's gradient before reduce-scatter"),
+    "moe_unsort_grads": Term(
+        "3·k·T·H·b (MoE)",
+        (),
+        "the routed backward's first step: the un-sort's expanded, zeroed and scattered gradients",
+    ),
     "adam_temporaries": Term("4·P/F", (), "torch AdamW's per-step temporary (sqrt of exp_avg_sq)"),
     "kv_growth": Term("2·kv·b per token of one layer", (), "HF generate only: the copy as one layer's cache grows"),
     "cuda_context": Term(
