@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from labkit.config.unread_keys import SP_MIXER_PATCHES, audit_entry, entries, never_read
 from labkit.config.verl_config import load_config
+from labkit.config.versions import RELEASES, apply_release
 from labkit.memory.model_source import check_shape
 from labkit.memory.settings import MemorySettings
 from labkit.memory.verdict import memory_report
@@ -136,8 +138,6 @@ def test_an_answer_names_each_key_its_verl_never_reads(profile, overrides):
     root = scan.oracle_root(path)
     if root is None:
         pytest.skip(f"verl {path.release} is not installed")
-    from omegaconf import OmegaConf
-
     tree = OmegaConf.load(root / "verl" / "trainer" / "config" / path.yaml)
     keys = [k for k in scan.yaml_keys(root, path.yaml) if never_read(k, run.audit_path) is not None]
     assert keys
@@ -154,8 +154,6 @@ def test_an_answer_names_each_key_its_verl_never_reads(profile, overrides):
 
 def test_a_release_not_audited_is_never_called_unread():
     """0.9.0 was not audited: the same key that 0.9.1's answer calls unread is not named so under 0.9.0."""
-    from labkit.config.versions import RELEASES, apply_release
-
     over = ["actor_rollout_ref.rollout.over_sample_rate=0.1", "trainer.use_v1=true"]
     named = {}
     for release in ("0.9.1", "0.9.0"):

@@ -180,9 +180,10 @@ def stand_in_note(cfg: Any, explicit: str | None) -> str | None:
 
 
 def check_shape(cfg: Any) -> dict[str, int]:
-    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary,
-    the HF model type and its non-attention sequence mixers; the keyword arguments of ``labkit.validate.report.check``) when ``model.path`` names a model labkit knows; {}
-    otherwise: those checks are then skipped, never run against a model the user does not train."""
+    """The model numbers verl's and megatron-core's model checks read (heads, KV heads, layers, experts, vocabulary)
+    and the HF model type with its non-attention sequence mixers (S10): the keyword arguments of
+    ``labkit.validate.report.check``, when ``model.path`` names a model labkit knows; {} otherwise: those checks are
+    then skipped, never run against a model the user does not train."""
     if not cfg.is_set(PATH_KEY):
         return {}
     try:
