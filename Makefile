@@ -9,6 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.labkit-installed
 ORACLE_071 := .oracle/verl-0.7.1
 ORACLE_080 := .oracle/verl-0.8.0
+ORACLE_090 := .oracle/verl-0.9.0
 # verl 0.9.1's v1 loop (trainer/ppo/v1) imports TransferQueue and these at module level; an oracle for tests only,
 # installed --no-deps beside the venv (its requirements would downgrade omegaconf and pull ray[default]).
 ORACLE_V1 := .oracle/verl-0.9.1-v1
@@ -39,10 +40,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0 -e '.[lab,vllm,test]'
 	# vLLM (the rollout engine) without the CUDA wheels it would pull in: its requirements are the vllm extra above.
 	$(PIP) install --no-deps $(VLLM_NO_DEPS)
-	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers) and 0.8.0 beside it.
+	# verl is a test oracle only: 0.9.1 (engine profile) in the venv, 0.7.1 (legacy workers), 0.8.0 and 0.9.0 beside it.
 	$(PIP) install --no-deps verl==0.9.1
 	@test -d $(ORACLE_071)/verl || $(PIP) install --no-deps --target $(ORACLE_071) verl==0.7.1
 	@test -d $(ORACLE_080)/verl || $(PIP) install --no-deps --target $(ORACLE_080) verl==0.8.0
+	@test -d $(ORACLE_090)/verl || $(PIP) install --no-deps --target $(ORACLE_090) verl==0.9.0
 	@test -d $(ORACLE_V1)/transfer_queue || $(PIP) install --no-deps --target $(ORACLE_V1) $(ORACLE_V1_PKGS)
 	@test -d $(ORACLE_MCORE)/megatron || $(PIP) install --no-deps --target $(ORACLE_MCORE) megatron-core==0.16.1
 	$(PY) -m labkit.ui.jupyter_settings $(VENV)

@@ -71,12 +71,13 @@ PATHS = tuple(
     for release, loops, oracle in (
         ("0.7.1", ("legacy",), ".oracle/verl-0.7.1"),
         ("0.8.0", ("v0",), ".oracle/verl-0.8.0"),
+        ("0.9.0", ("v0", "v1"), ".oracle/verl-0.9.0"),
         ("0.9.1", ("v0", "v1"), "site"),
     )
     for loop in loops
     for engine in ("fsdp", "megatron")
 )
-"""The paths labkit models: 0.7 runs the legacy workers, 0.8.0 the engine workers with the v0 loop, 0.9.1 either loop."""
+"""The paths labkit models: 0.7 runs the legacy workers, 0.8.0 the engine workers with the v0 loop, 0.9.x either loop."""
 
 
 def site_root() -> Path | None:

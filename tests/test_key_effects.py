@@ -1,5 +1,5 @@
 """Nothing a user sets is silently unpriced: every key of every verl release's trainer YAMLs (the installed 0.9.1,
-0.8.0 and 0.7.1 oracles, and 0.1 to 0.4 as data/verl_old_releases.json holds them) has a memory effect in
+0.9.0, 0.8.0 and 0.7.1 oracles, and 0.1 to 0.4 as data/verl_old_releases.json holds them) has a memory effect in
 data/key_effects.yaml; what the registry calls priced is what labkit's memory model reads, and the other way round;
 and an answer names each key it did not price."""
 
@@ -38,6 +38,7 @@ def _release_keys() -> dict[str, set[str]]:
     verl = pytest.importorskip("verl")
     folders = {
         "0.9.1": Path(verl.__file__).parent / "trainer" / "config",
+        "0.9.0": ROOT / ".oracle" / "verl-0.9.0" / "verl" / "trainer" / "config",
         "0.8.0": ROOT / ".oracle" / "verl-0.8.0" / "verl" / "trainer" / "config",
         "0.7.1": ROOT / ".oracle" / "verl-0.7.1" / "verl" / "trainer" / "config",
     }

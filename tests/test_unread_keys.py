@@ -122,18 +122,24 @@ def test_transformer_config_keys_passed_to_megatron_core_are_its_fields():
 
 
 @pytest.mark.parametrize(
-    ("profile", "overrides"),
+    ("profile", "overrides", "release"),
     [
-        ("engine", ["trainer.use_v1=true"]),
-        ("engine", ["trainer.use_v1=false", "actor_rollout_ref.actor.strategy=megatron"]),
-        ("legacy", []),
-        ("engine", ["trainer.use_v1=false"]),
+        ("engine", ["trainer.use_v1=true"], None),
+        ("engine", ["trainer.use_v1=false", "actor_rollout_ref.actor.strategy=megatron"], None),
+        ("legacy", [], None),
+        ("engine", ["trainer.use_v1=false"], None),
+        ("engine", ["trainer.use_v1=true"], "0.9.0"),
     ],
 )
-def test_an_answer_names_each_key_its_verl_never_reads(profile, overrides):
+def test_an_answer_names_each_key_its_verl_never_reads(profile, overrides, release):
     """Every key the audit calls unread on the run's path, set to its YAML default, is named in the memory answer
     as having no effect: labkit prices none of what that verl ignores."""
-    run = Run.resolve(load_config(None, overrides, profile=profile, lenient=True))
+
+    def config(items):
+        cfg = load_config(None, items, profile=profile, lenient=True)
+        return apply_release(cfg, RELEASES[release]) if release else cfg
+
+    run = Run.resolve(config(overrides))
     path = next(p for p in scan.PATHS if p.name == run.audit_path)
     root = scan.oracle_root(path)
     if root is None:
@@ -146,24 +152,24 @@ def test_an_answer_names_each_key_its_verl_never_reads(profile, overrides):
         value = OmegaConf.select(tree, key)
         shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
         settable.append(f"{key}={shown}")
-    cfg = load_config(None, [*overrides, *settable], profile=profile, lenient=True)
+    cfg = config([*overrides, *settable])
     report = memory_report(cfg, MemorySettings.from_config(cfg, "Qwen2.5-7B", 80 * 2**30))
     named = {i["key"]: i["effect"] for i in report.not_priced}
     assert {k: named.get(k) for k in keys} == dict.fromkeys(keys, "no_effect")
 
 
 def test_a_release_not_audited_is_never_called_unread():
-    """0.9.0 was not audited: the same key that 0.9.1's answer calls unread is not named so under 0.9.0."""
-    over = ["actor_rollout_ref.rollout.over_sample_rate=0.1", "trainer.use_v1=true"]
+    """0.6 was not audited: the same key that 0.7's answer calls unread is not named so under 0.6."""
+    over = ["actor_rollout_ref.rollout.over_sample_rate=0.1"]
     named = {}
-    for release in ("0.9.1", "0.9.0"):
-        cfg = apply_release(load_config(None, over, lenient=True), RELEASES[release])
-        assert (Run.resolve(cfg).audit_path is None) == (release == "0.9.0")
+    for release in ("0.7", "0.6"):
+        cfg = apply_release(load_config(None, over, profile="legacy", lenient=True), RELEASES[release])
+        assert (Run.resolve(cfg).audit_path is None) == (release == "0.6")
         report = memory_report(cfg, MemorySettings.from_config(cfg, "Qwen2.5-7B", 80 * 2**30))
         named[release] = {i["key"]: i["effect"] for i in report.not_priced}.get(
             "actor_rollout_ref.rollout.over_sample_rate"
         )
-    assert named == {"0.9.1": "no_effect", "0.9.0": None}
+    assert named == {"0.7": "no_effect", "0.6": None}
 
 
 def _mixer_patches(root: Path) -> set[str]:

@@ -1,5 +1,5 @@
 """Keys verl's code never reads on a given path (``data/unread_keys.yaml``): per release, trainer loop and engine,
-audited on the installed 0.7.1, 0.8.0 and 0.9.1 (``scripts/verl_key_reads.py``). A key a config sets that the run's
+audited on the installed 0.7.1, 0.8.0, 0.9.0 and 0.9.1 (``scripts/verl_key_reads.py``). A key a config sets that the run's
 verl never reads does nothing there; an answer names it with the code that reads it elsewhere.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 AUDIT = Path(__file__).resolve().parents[2] / "data" / "unread_keys.yaml"
-AUDITED = {"0.7": "0.7.1", "0.8": "0.8.0", "0.9.1": "0.9.1"}
+AUDITED = {"0.7": "0.7.1", "0.8": "0.8.0", "0.9.0": "0.9.0", "0.9.1": "0.9.1"}
 """The releases as labkit names them (``--verl``) whose code was audited, and the version audited."""
 DEFAULT_AUDITED = {"legacy": "0.7.1", "engine": "0.9.1"}
 """The release each profile models when none is named."""
@@ -81,11 +81,12 @@ def never_read(key: str, path: str | None) -> str | None:
 SP_MIXER_PATCHES = {
     "0.7.1": frozenset(),
     "0.8.0": frozenset(),
+    "0.9.0": frozenset({"qwen3_5", "qwen3_5_moe"}),
     "0.9.1": frozenset({"qwen3_5", "qwen3_5_moe"}),
 }
 """Per audited release, the model types whose non-attention sequence mixers (gated delta-net, Mamba) its Ulysses
 patch reaches: ``verl/models/transformers/monkey_patch.py: apply_monkey_patch`` replaces their
-``GatedDeltaNet.forward`` (0.9.1, Qwen3.5 only). For every other model only the flash-attention layers are patched:
+``GatedDeltaNet.forward`` (0.9.x, Qwen3.5 only). For every other model only the flash-attention layers are patched:
 verl slices the sequence across the SP group before the model, so the other mixers see one rank's shard alone."""
 
 

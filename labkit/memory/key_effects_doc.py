@@ -31,7 +31,7 @@ SECTIONS = (
     ("none", False, "No GPU-memory effect", "Logging, paths, schedules, the loss's math: why each changes no memory."),
 )
 
-UNREAD_LEAD = """Audited in the code of verl 0.7.1 (legacy workers), 0.8.0 (engine workers, v0 loop) and 0.9.1 (either loop), for
+UNREAD_LEAD = """Audited in the code of verl 0.7.1 (legacy workers), 0.8.0 (engine workers, v0 loop), 0.9.0 and 0.9.1 (either loop), for
 FSDP and Megatron: `scripts/verl_key_reads.py` scans the code each path runs for every key of its YAML, and a test
 keeps this list equal to what the scan finds. A path is `<release> <loop> <engine>` (`*` for any). Set on such a
 path, a key is named in the answer as *no effect in verl*, with the code that reads it elsewhere. *Passed* keys are
