@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from labkit.config.keys import ACTOR
 from labkit.config.verl_config import VerlConfig
 from labkit.memory.fix_candidates import (
     Candidate,
@@ -20,6 +19,7 @@ from labkit.memory.fix_candidates import (
 )
 from labkit.memory.fix_scale import lora, megatron_cpu_optimizer, more_nodes, rollout_tp
 from labkit.memory.settings import MemorySettings
+from labkit.rules.parallel_layout import MEGATRON, engine_of
 
 CANDIDATES: list[CandidateSource] = [
     micro_rows,
@@ -51,5 +51,5 @@ offload, head and LoRA knobs are not read by the Megatron engine)."""
 
 def candidates(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
     """Every knob worth trying for one phase that does not fit (the training engine's own)."""
-    megatron = cfg.get(f"{ACTOR}.strategy") == "megatron"
+    megatron = engine_of(cfg) == MEGATRON
     return [c for source in (MEGATRON_CANDIDATES if megatron else CANDIDATES) for c in source(cfg, s, phase)]

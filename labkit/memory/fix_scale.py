@@ -11,6 +11,7 @@ from labkit.memory.fix_candidates import COMMUNICATION, DIFFERENT_RUN, TRAINED, 
 from labkit.memory.lora import LoraError, layer_linears
 from labkit.memory.settings import MemorySettings
 from labkit.memory.shapes import ModelShape
+from labkit.rules.parallel_layout import MEGATRON, engine_of
 
 LORA_RANK = 32
 """The rank verl's LoRA guide starts from (``lora_rank=32``, ``lora_alpha=32``, all linear layers)."""
@@ -40,7 +41,7 @@ def lora(cfg: VerlConfig, s: MemorySettings, phase: str) -> list[Candidate]:
     (PEFT), Megatron ``model.lora.rank`` (Megatron-Bridge, verl 0.9)."""
     if s.lora is not None or phase not in ("generate", *TRAINED):
         return []
-    key = f"{MODEL}.lora.rank" if cfg.get(f"{ACTOR}.strategy") == "megatron" else f"{MODEL}.lora_rank"
+    key = f"{MODEL}.lora.rank" if engine_of(cfg) == MEGATRON else f"{MODEL}.lora_rank"
     if cfg.release is not None and cfg.release.has_key(key) is False:
         return []  # the release has no LoRA
     try:

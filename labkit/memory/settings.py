@@ -16,6 +16,7 @@ from labkit.memory.lora import LoraSpec
 from labkit.memory.model_catalogue import model_shape
 from labkit.memory.settings_keys import actor_lora, compile_key, critic_fsdp, dtype_bytes, flag, release_memory
 from labkit.memory.shapes import ModelShape
+from labkit.rules.parallel_layout import MEGATRON, engine_of
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class MemorySettings:
         shape = model if isinstance(model, ModelShape) else model_shape(model)
         old_release = cfg.release is not None and cfg.release.version in OLD
         critic = critic_fsdp(cfg.profile)
-        fsdp = g(f"{ACTOR}.strategy") != "megatron"  # Megatron recomputes and offloads by its own keys, never these
+        fsdp = engine_of(cfg) != MEGATRON  # Megatron recomputes and offloads by its own keys, never these
         values = dict(
             model=shape,
             gpu_bytes=int(gpu_bytes),

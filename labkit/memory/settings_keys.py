@@ -13,6 +13,7 @@ from labkit.config.keys import ACTOR, MODEL
 from labkit.memory.lora import LoraError, LoraSpec, lora_spec
 from labkit.memory.megatron_lora import MEGATRON_DEFAULT_TARGETS, hf_targets
 from labkit.memory.shapes import ModelShape
+from labkit.rules.parallel_layout import MEGATRON, engine_of
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "16": 2}
 
@@ -61,7 +62,7 @@ def actor_lora(cfg: Any, m: ModelShape) -> LoraSpec | None:
         ) from None
     if rank == 0:
         return None
-    megatron = cfg.get(f"{ACTOR}.strategy") == "megatron"  # Megatron-Bridge: megatron-core's module names
+    megatron = engine_of(cfg) == MEGATRON  # Megatron-Bridge: megatron-core's module names
     targets = raw_value(cfg, f"{block}target_modules", MEGATRON_DEFAULT_TARGETS if megatron else "all-linear")
     exclude = raw_value(cfg, f"{block}exclude_modules")
     merge = str(raw_value(cfg, f"{MODEL}.lora.merge", False)).lower() == "true"
