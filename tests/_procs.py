@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 
 def _children() -> dict[int, list[int]]:
@@ -88,9 +89,50 @@ def _named(path: str) -> set[str]:
     return set()
 
 
+class _ShmWatch(threading.Thread):
+    """The /dev/shm entries this test process's tree maps or holds open, sampled every ``PERIOD_S`` while a leftovers
+    check runs: a /dev/shm entry is this test's only if one of its processes held it (another job's never is)."""
+
+    PERIOD_S = 0.2
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="shm-watch")
+        self.seen: set[str] = set()
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        for pid in descendants(os.getpid()):
+            self.seen |= _shm_held(pid)
+
+    def run(self) -> None:
+        while not self.done.wait(self.PERIOD_S):
+            self.sample()
+
+
+_WATCH: _ShmWatch | None = None
+
+
+def _shm_held(pid: int) -> set[str]:
+    """The /dev/shm entries ``pid`` maps or has open."""
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        with open(f"/proc/{pid}/maps") as f:
+            links += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
+    except OSError:
+        return set()
+    return {link[len("/dev/shm/") :].split(" ", 1)[0] for link in links if link.startswith("/dev/shm/")}
+
+
 def run_leftovers() -> dict[str, set]:
     """What a run can leave behind: processes below this one, /dev/shm entries, torch's and multiprocessing's temp
-    folders (in this test process's own temp folder), and this process's open sockets. Entries another job on the machine holds are not counted."""
+    folders (in this test process's own temp folder), and this process's open sockets. Entries another job on the
+    machine holds are not counted. Starts watching which /dev/shm entries this test's processes hold
+    (``new_leftovers`` counts only those)."""
+    global _WATCH
+    if _WATCH is None:
+        _WATCH = _ShmWatch()
+        _WATCH.sample()
+        _WATCH.start()
     ours = descendants(os.getpid())
     foreign = _foreign_holds(ours)
     tmp = {e for e in os.listdir(_tmp()) if e.startswith(("torchelastic_", "pymp-")) and _tmp() + e not in foreign}
@@ -113,14 +155,20 @@ def run_leftovers() -> dict[str, set]:
 
 def new_leftovers(before: dict[str, set], wait_s: float = 10.0, ignore: dict[str, set] | None = None) -> dict:
     """What appeared since ``before`` and is still there after up to ``wait_s`` (empty dict: nothing). Scoped to
-    this test: its own processes and sockets, and the /dev/shm and /tmp entries no other live process holds."""
+    this test: its own processes and sockets, the /dev/shm entries one of its processes held during the run (sampled
+    every ``_ShmWatch.PERIOD_S``) and no other live process holds, and the entries of its own temp folder."""
     import time
 
+    global _WATCH
     deadline = time.monotonic() + wait_s
     while True:
         now = run_leftovers()
+        _WATCH.sample()
+        now["dev_shm"] &= _WATCH.seen  # held by this test's processes at some point of the run, never another job's
         left = {k: now[k] - before[k] - (ignore or {}).get(k, set()) for k in now}
         left = {k: v for k, v in left.items() if v}
         if not left or time.monotonic() > deadline:
+            _WATCH.done.set()
+            _WATCH = None
             return {k: {cmdline(p) or p for p in v} if k == "processes" else v for k, v in left.items()}
         time.sleep(0.2)
